@@ -1,0 +1,3 @@
+"""overlapcheck: deterministic testing and fuzzing of overlap-scheduled speculative
+decoding engines."""
+__version__ = "0.1.0"

@@ -1,0 +1,34 @@
+"""The device runtime: one API, two backends (``sim`` and ``cuda``).
+
+``make_runtime("sim", seed=7, strategy="random")`` or ``make_runtime("cuda")``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import seeds
+from .api import ACCESS_MODES, AnnotationError, Event, RaceError, Runtime, Stream
+from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, Region, is_poison, poison_value
+from .sched import STRATEGIES, Diverged, Replay, Strategy, make_strategy
+
+DEVICES = ("sim", "cuda")
+
+__all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
+           "AnnotationError", "RaceError", "Diverged", "Replay", "Strategy",
+           "DEVICES", "STRATEGIES", "ACCESS_MODES", "DEVICE", "PINNED", "PAGEABLE",
+           "is_poison", "poison_value"]
+
+
+def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: bool = True,
+                 access: str = "infer", on_race: str = "collect") -> Runtime:
+    """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
+    (sim only); its randomness is the ``schedule`` sub-stream of ``seed``."""
+    if device == "sim":
+        from .sim import SimRuntime
+        if isinstance(strategy, str):
+            strategy = make_strategy(strategy, seeds.stream(seed, "schedule"))
+        return SimRuntime(strategy, detect=detect, access=access, on_race=on_race)
+    if device == "cuda":
+        from .cuda import CudaRuntime
+        return CudaRuntime(detect=detect, access=access, on_race=on_race)
+    raise ValueError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")

@@ -1,0 +1,278 @@
+"""The device runtime API, shared by the ``sim`` and ``cuda`` backends.
+
+The engine is written once against this API:
+
+* streams: ``rt.new_stream(name)``, ``s.wait_event(e)``, ``s.wait_stream(t)``,
+  ``s.synchronize()``;
+* events: ``rt.new_event(name)``, ``e.record(s)``, ``e.query()``, ``e.synchronize()``;
+* buffers: ``rt.empty(...)`` (device), ``rt.host_empty(..., pinned=True)``;
+  ``rt.free(buf)``, ``rt.record_stream(buf, s)``; ownership of rows:
+  ``rt.transfer(buf, rows, owner)`` (``owner=None``: freed);
+* device work: ``rt.launch(s, fn, *args, name=..., reads=..., writes=...)`` and
+  ``rt.copy(dst, src, s, non_blocking=...)``;
+* host access to device or pinned values, only through ``rt.to_host(buf, s)``,
+  ``rt.host_view(buf)``, ``rt.host_write(buf, values)``;
+* ``rt.synchronize()``.
+
+``reads``/``writes`` declare (and may narrow, with ``buf.rows(...)``) a launch's
+accesses. With ``access="infer"`` (the default) every launch runs under the access
+inference mode, and declarations are checked against what the closure really did: an
+access outside them raises ``AnnotationError``. With ``access="declared"``, a launch
+that declares its accesses is not intercepted (the fast mode).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from ..race import Detector, OpInfo, RaceReport
+from .buffers import Buffer, Region, as_region
+from .infer import AccessSet, InferMode
+
+ACCESS_MODES = ("infer", "declared")
+
+
+class AnnotationError(Exception):
+    """A launch touched memory outside its declared accesses."""
+
+
+class RaceError(Exception):
+    """Raised by ``on_race="raise"``: the first race report."""
+
+    def __init__(self, report: RaceReport):
+        super().__init__(str(report))
+        self.report = report
+
+
+_PKG_DIRS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
+    __file__, sys.modules["overlapcheck.race"].__file__))
+
+
+def user_frame(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame outside the device runtime and the
+    detector (the user's call site)."""
+    f = sys._getframe(depth)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIRS) and "torch" + os.sep not in fn:
+            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+class Stream:
+    __slots__ = ("rt", "name", "ctx", "raw")
+
+    def __init__(self, rt: "Runtime", name: str, ctx: int, raw=None):
+        self.rt, self.name, self.ctx, self.raw = rt, name, ctx, raw
+
+    def wait_event(self, event: "Event") -> None:
+        self.rt._wait_event(self, event)
+
+    def wait_stream(self, other: "Stream") -> None:
+        ev = self.rt.new_event(f"{self.name}<-{other.name}")
+        ev.record(other)
+        self.wait_event(ev)
+
+    def synchronize(self) -> None:
+        self.rt._sync_stream(self)
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name})"
+
+
+class Event:
+    __slots__ = ("rt", "name", "id", "raw", "last")
+
+    def __init__(self, rt: "Runtime", name: str, eid: int, raw=None):
+        self.rt, self.name, self.id, self.raw = rt, name, eid, raw
+        self.last = None  # backend-specific handle of the latest record
+
+    def record(self, stream: Stream) -> None:
+        self.rt._record(self, stream)
+
+    def query(self) -> bool:
+        return self.rt._query(self)
+
+    def synchronize(self) -> None:
+        self.rt._sync_event(self)
+
+    def __repr__(self) -> str:
+        return f"Event({self.name})"
+
+
+class Runtime:
+    """Backend-independent part: buffer registry, detector feeding, access
+    inference and declaration checks. Subclasses implement the device semantics."""
+
+    backend = "?"
+    exact_rows = False  # can inference see index values (sim: yes)
+
+    def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect"):
+        if access not in ACCESS_MODES:
+            raise ValueError(f"unknown access mode {access!r} (choose from {', '.join(ACCESS_MODES)})")
+        if on_race not in ("collect", "raise"):
+            raise ValueError(f"unknown on_race {on_race!r} (collect or raise)")
+        self.det: Optional[Detector] = Detector() if detect else None
+        self.access = access
+        self.on_race = on_race
+        self.streams: List[Stream] = []
+        self._by_storage: Dict[int, Buffer] = {}
+        self._serial = 0
+        self._events = 0
+        self.syncs = 0           # host synchronizations so far
+        self.launches = 0
+
+    # -- reports ---------------------------------------------------------------------
+    @property
+    def reports(self) -> List[RaceReport]:
+        return self.det.reports if self.det is not None else []
+
+    def _raise_on(self, rep: Optional[RaceReport]) -> None:
+        if rep is not None and self.on_race == "raise":
+            raise RaceError(rep)
+
+    # -- streams and events ----------------------------------------------------------
+    def new_stream(self, name: str) -> Stream:
+        ctx = self.det.add_context(name) if self.det is not None else len(self.streams) + 1
+        s = Stream(self, name, ctx, self._raw_stream(name))
+        self.streams.append(s)
+        return s
+
+    def new_event(self, name: str = "event") -> Event:
+        self._events += 1
+        return Event(self, name, self._events, self._raw_event())
+
+    # -- buffers ---------------------------------------------------------------------
+    def _register(self, buf: Buffer) -> Buffer:
+        self._by_storage[buf.t.untyped_storage().data_ptr()] = buf
+        if self.det is not None:
+            self.det.alloc(buf.mem, buf.name, buf.owner)
+        return buf
+
+    def _unregister(self, buf: Buffer, keep_lookup: bool) -> None:
+        if buf.freed:
+            raise ValueError(f"double free of buffer {buf.owner}")
+        buf.freed = True
+        if not keep_lookup:
+            self._by_storage.pop(buf.t.untyped_storage().data_ptr(), None)
+        if self.det is not None:
+            self.det.free(buf.mem, [s.ctx for s in buf.pledged])
+
+    def _next_serial(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    def record_stream(self, buf: Buffer, stream: Stream) -> None:
+        """Promise the allocator that ``stream`` uses ``buf``: its memory is not
+        reused until the work ``stream`` has queued by the free is done."""
+        if stream not in buf.pledged and stream is not buf.stream:
+            buf.pledged.append(stream)
+        self._raw_record_stream(buf, stream)
+
+    def transfer(self, buf: Buffer, rows: Iterable[int], owner: object) -> None:
+        """Rows of ``buf`` change owner (``None``: freed). Not an access: the new
+        owner's first accesses are checked against the previous owner's last ones."""
+        if self.det is not None:
+            self.det.transfer(buf.mem, rows, owner)
+
+    # -- access feeding --------------------------------------------------------------
+    @staticmethod
+    def _declared(reads, writes):
+        if reads is None and writes is None:
+            return None
+        table: Dict[object, list] = {}
+        for write, items in ((False, reads or ()), (True, writes or ())):
+            for x in items:
+                reg = as_region(x)
+                ent = table.setdefault(reg.buffer.mem, [reg.buffer, frozenset(), frozenset()])
+                i = 2 if write else 1
+                ent[i] = None if (ent[i] is None or reg.rows is None) else ent[i] | reg.rows
+        return table
+
+    def _check_declared(self, acc: AccessSet, declared: dict, name: str) -> None:
+        for mem, (buf, r, w) in acc.exact.items():
+            ent = declared.get(mem)
+            if ent is None:
+                raise AnnotationError(f"launch '{name}' touched buffer '{buf.owner}', "
+                                      f"which it did not declare")
+            _, dr, dw = ent
+            allowed_w = dw
+            allowed_r = None if (dr is None or dw is None) else (dr | dw)
+            for kind, used, allowed in (("wrote", w, allowed_w), ("read", r, allowed_r)):
+                if not used and used is not None:
+                    continue
+                if allowed is None:
+                    continue
+                if used is None or not used <= allowed:
+                    seen = "all rows" if used is None else sorted(used - allowed)
+                    raise AnnotationError(
+                        f"launch '{name}' {kind} '{buf.owner}' rows {seen} outside its "
+                        f"annotation {sorted(allowed)}")
+
+    def _feed(self, ctx: int, clock, op: OpInfo, acc: Optional[AccessSet],
+              declared: Optional[dict]) -> None:
+        det = self.det
+        if acc is not None:
+            items = []
+            for buf, r, w in acc.items():
+                ent = declared.get(buf.mem) if declared is not None else None
+                if ent is not None:
+                    dr, dw = ent[1], ent[2]
+                    r = _narrow(r, None if (dr is None or dw is None) else dr | dw)
+                    w = _narrow(w, dw)
+                items.append((buf, r, w))
+        else:
+            items = [(buf, r, w) for buf, r, w in declared.values()]
+        for buf, r, w in items:
+            if r is None or r:
+                self._raise_on(det.access(ctx, buf.mem, False, r, op, clock))
+            if w is None or w:
+                self._raise_on(det.access(ctx, buf.mem, True, w, op, clock))
+
+    def _run_closure(self, fn, args, kwargs, name: str, declared, ctx: int, clock,
+                     op: OpInfo):
+        """Run ``fn`` (with interception when needed) and feed its accesses."""
+        if self.det is None:
+            return fn(*args, **kwargs)
+        if declared is not None and self.access == "declared":
+            out = fn(*args, **kwargs)
+            self._feed(ctx, clock, op, None, declared)
+            return out
+        mode = InferMode(self._by_storage, self.exact_rows)
+        with mode:
+            out = fn(*args, **kwargs)
+        if declared is not None:
+            self._check_declared(mode.acc, declared, name)
+        self._feed(ctx, clock, op, mode.acc, declared)
+        return out
+
+    def _host_access(self, buf: Buffer, write: bool, rows, name: str) -> None:
+        if self.det is not None:
+            op = OpInfo(name, user_frame(3))
+            self._raise_on(self.det.access(0, buf.mem, write, rows, op))
+
+    # -- backend hooks -----------------------------------------------------------------
+    def _raw_stream(self, name):
+        return None
+
+    def _raw_event(self):
+        return None
+
+    def _raw_record_stream(self, buf, stream):
+        pass
+
+
+def _narrow(inferred, declared):
+    if declared is None:
+        return inferred
+    if inferred is None:
+        return declared
+    return inferred & declared
+
+
+def check_space(buf: Buffer, spaces: Sequence[str], what: str) -> None:
+    if buf.space not in spaces:
+        raise ValueError(f"{what} needs a {' or '.join(spaces)} buffer, got {buf.owner} "
+                         f"({buf.space})")

@@ -1,0 +1,82 @@
+"""Buffers, regions and poison values shared by both device backends."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import FrozenSet, Iterable, Optional
+
+import torch
+
+DEVICE = "device"
+PINNED = "pinned"
+PAGEABLE = "pageable"
+SPACES = (DEVICE, PINNED, PAGEABLE)
+
+_INT_POISON = {
+    torch.int64: -0x5A5A5A5A5A5A5A5B,
+    torch.int32: -0x5A5A5A5B,
+    torch.int16: -0x5A5B,
+    torch.int8: -0x5B,
+    torch.uint8: 0xA5,
+}
+
+
+def poison_value(dtype: torch.dtype):
+    """The value fresh device and pinned memory is filled with, so that a read of
+    never-written data shows."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return _INT_POISON.get(dtype, -1)
+
+
+def is_poison(t: torch.Tensor) -> torch.Tensor:
+    """Elementwise: does ``t`` still hold the poison value?"""
+    if t.dtype.is_floating_point:
+        return torch.isnan(t)
+    return t == poison_value(t.dtype)
+
+
+class Buffer:
+    """A tracked allocation. ``t`` is the tensor (CPU tensor on the sim, a CUDA or
+    pinned tensor on cuda); ``space`` is device, pinned or pageable. Closures read and
+    write ``buf.t``; the host goes through the runtime's accessors."""
+
+    __slots__ = ("name", "t", "space", "mem", "serial", "stream", "pledged", "freed")
+
+    def __init__(self, name: str, t: torch.Tensor, space: str, mem: object, serial: int,
+                 stream=None):
+        self.name = name
+        self.t = t
+        self.space = space
+        self.mem = mem
+        self.serial = serial
+        self.stream = stream
+        self.pledged: list = []
+        self.freed = False
+
+    @property
+    def owner(self) -> str:
+        return f"{self.name}#{self.serial}"
+
+    def rows(self, rows: Iterable[int]) -> "Region":
+        return Region(self, frozenset(int(r) for r in rows))
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.owner}, {self.space}, {tuple(self.t.shape) if self.t is not None else None})"
+
+
+@dataclass(frozen=True)
+class Region:
+    """A buffer narrowed to rows of its first dimension (``rows=None``: all of it)."""
+
+    buffer: Buffer
+    rows: Optional[FrozenSet[int]] = None
+
+
+def as_region(x) -> Region:
+    if isinstance(x, Region):
+        return x
+    if isinstance(x, Buffer):
+        return Region(x, None)
+    raise TypeError(f"expected a Buffer or a Region, got {type(x).__name__}")

@@ -1,0 +1,162 @@
+"""Access inference: which tracked buffers (and rows) a closure reads and writes.
+
+A ``TorchDispatchMode`` looks at each op's schema, as PyTorch's CUDA sanitizer does:
+tensor arguments marked ``(a!)`` are writes, other tensor arguments are reads, views
+and metadata-only ops access nothing. Rows come from view geometry (a slice of a
+buffer touches only its rows); an index op on a buffer counts as touching the whole
+buffer, because its indices live on the device. An annotation may narrow that
+(``buf.rows(...)``); on the sim, where indices are plain CPU tensors, ``exact`` mode
+also computes the rows index ops really touch, so the runtime can check that an
+annotation did not hide a real access.
+"""
+from __future__ import annotations
+
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .buffers import Buffer
+
+Rows = Optional[FrozenSet[int]]
+
+aten = torch.ops.aten
+
+_NO_DATA = {
+    "empty_like", "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros",
+    "new_ones", "new_full", "new_empty_strided", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "size", "stride", "is_same_size", "detach", "alias",
+    "lift_fresh", "record_stream", "resize_", "set_",
+}
+
+# op name -> (position of the indexed tensor, position of dim or None, position of index)
+_INDEX_OPS = {
+    "index_select": (0, 1, 2),
+    "index_copy_": (0, 1, 2), "index_copy": (0, 1, 2),
+    "index_add_": (0, 1, 2), "index_add": (0, 1, 2),
+    "index_fill_": (0, 1, 2), "index_fill": (0, 1, 2),
+    "gather": (0, 1, 2),
+    "scatter_": (0, 1, 2), "scatter": (0, 1, 2),
+    "scatter_add_": (0, 1, 2), "scatter_add": (0, 1, 2),
+    "embedding": (0, None, 1),
+    "index": (0, None, 1), "index_put_": (0, None, 1), "index_put": (0, None, 1),
+    "_index_put_impl_": (0, None, 1),
+}
+
+
+def geometry_rows(t: torch.Tensor, base: torch.Tensor) -> Rows:
+    """Rows of ``base`` (first dimension) that view ``t`` can touch; None = all."""
+    if t.numel() == 0:
+        return frozenset()
+    if base.dim() == 0 or base.shape[0] <= 1:
+        return None
+    row = base.stride(0)
+    if row <= 0:
+        return None
+    off = t.storage_offset() - base.storage_offset()
+    last = off
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            return None
+        last += (size - 1) * stride
+    first_row, last_row = off // row, last // row
+    if first_row <= 0 and last_row >= base.shape[0] - 1:
+        return None
+    return frozenset(range(max(first_row, 0), min(last_row, base.shape[0] - 1) + 1))
+
+
+def _index_values(idx) -> Optional[List[int]]:
+    if isinstance(idx, (list, tuple)):
+        idx = idx[0] if idx else None
+    if not isinstance(idx, torch.Tensor) or idx.device.type != "cpu":
+        return None
+    if idx.dtype == torch.bool:
+        return [int(i) for i in idx.reshape(idx.shape[0], -1).any(1).nonzero().flatten()]
+    return [int(i) for i in idx.flatten()]
+
+
+class AccessSet:
+    """Accesses of one closure: ``mem -> [buffer, read rows, write rows]`` where rows
+    are None (all) or a frozenset; ``exact`` holds the index-exact rows (sim only)."""
+
+    def __init__(self) -> None:
+        self.by_mem: Dict[object, list] = {}
+        self.exact: Dict[object, list] = {}
+
+    @staticmethod
+    def _merge(table: Dict[object, list], buf: Buffer, write: bool, rows: Rows) -> None:
+        ent = table.get(buf.mem)
+        if ent is None:
+            ent = table[buf.mem] = [buf, frozenset(), frozenset()]
+        i = 2 if write else 1
+        old = ent[i]
+        ent[i] = None if (old is None or rows is None) else (old | rows)
+
+    def add(self, buf: Buffer, write: bool, rows: Rows, exact: Rows) -> None:
+        self._merge(self.by_mem, buf, write, rows)
+        self._merge(self.exact, buf, write, exact)
+
+    def items(self):
+        for buf, r, w in self.by_mem.values():
+            yield buf, r, w
+
+
+class InferMode(TorchDispatchMode):
+    """Collect the tracked-buffer accesses of every op run under it into ``self.acc``."""
+
+    _schema_cache: Dict[object, Tuple] = {}
+
+    def __init__(self, lookup: Dict[int, Buffer], exact: bool):
+        super().__init__()
+        self.lookup = lookup
+        self.exact = exact
+        self.acc = AccessSet()
+
+    @classmethod
+    def _plan(cls, func):
+        plan = cls._schema_cache.get(func)
+        if plan is None:
+            name = func._schema.name.split("::")[-1]
+            if name in _NO_DATA or func.is_view:
+                plan = ()
+            else:
+                plan = tuple((i, a.name, bool(a.alias_info is not None and a.alias_info.is_write))
+                             for i, a in enumerate(func._schema.arguments)
+                             if "Tensor" in str(a.type))
+            plan = (plan, _INDEX_OPS.get(name))
+            cls._schema_cache[func] = plan
+        return plan
+
+    def _note(self, t, write: bool, index_rows: Optional[List[int]]) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        buf = self.lookup.get(t.untyped_storage().data_ptr())
+        if buf is None or buf.t is None:
+            return
+        rows = geometry_rows(t, buf.t)
+        exact = rows
+        if index_rows is not None and self.exact:
+            first = 0 if rows is None else min(rows, default=0)
+            if t.dim() > 0 and buf.t.dim() > 0 and t.stride(0) == buf.t.stride(0):
+                exact = frozenset(first + r for r in index_rows)
+        self.acc.add(buf, write, rows, exact)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plan, index_op = self._plan(func)
+        if plan:
+            index_rows = None
+            if index_op is not None and self.exact:
+                pos_t, pos_dim, pos_idx = index_op
+                dim_ok = pos_dim is None or (len(args) > pos_dim and args[pos_dim] == 0)
+                if dim_ok and len(args) > pos_idx:
+                    index_rows = _index_values(args[pos_idx])
+            for i, name, write in plan:
+                v = args[i] if i < len(args) else kwargs.get(name)
+                ir = index_rows if (index_op is not None and i == index_op[0]) else None
+                if isinstance(v, (list, tuple)):
+                    for x in v:
+                        self._note(x, write, None)
+                else:
+                    self._note(v, write, ir)
+        return func(*args, **kwargs)

@@ -1,0 +1,325 @@
+"""The simulated device: deterministic, on CPU tensors.
+
+* Device work exists only as deferred closures queued on logical streams; arguments
+  are bound at launch, tensor contents are read when the closure runs.
+* Every host runtime call is a choice point: the strategy may retire some ready
+  stream heads (FIFO per stream, event waits respected). Synchronizations retire
+  exactly what they must, in an order the strategy picks.
+* CUDA's rules: a wait binds to the latest ``record`` at the time of the wait, a wait
+  on a never-recorded event is a no-op, ``query()`` on a never-recorded event is
+  true; ``non_blocking`` copies are asynchronous only between device and pinned
+  memory, other copies are synchronous.
+* Fresh device and pinned buffers are poison-filled. A freed device buffer goes back
+  to its allocation stream's pool and is handed, stale, to the next allocation of the
+  same size on that stream; a buffer pledged to other streams with ``record_stream``
+  is reused only once the host knows their work queued by the free is done.
+* Every decision is recorded in ``rt.choices``; ``Replay(rt.choices)`` reruns exactly.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
+
+import torch
+
+from ..race import OpInfo
+from .api import Event, Runtime, Stream, check_space, user_frame
+from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
+from .sched import Strategy
+
+KERNEL, RECORD, WAIT, COPY = "kernel", "record", "wait", "copy"
+
+
+class _Op:
+    __slots__ = ("kind", "stream", "seq", "fn", "args", "kwargs", "clock", "info",
+                 "declared", "bound", "retired")
+
+    def __init__(self, kind, stream, seq, fn=None, args=(), kwargs=None, clock=None,
+                 info=None, declared=None, bound=None):
+        self.kind, self.stream, self.seq = kind, stream, seq
+        self.fn, self.args, self.kwargs = fn, args, kwargs or {}
+        self.clock, self.info, self.declared, self.bound = clock, info, declared, bound
+        self.retired = False
+
+
+class _Queue:
+    __slots__ = ("ops", "enq", "ret", "known")
+
+    def __init__(self):
+        self.ops: Deque[_Op] = deque()
+        self.enq = 0     # ops enqueued so far
+        self.ret = 0     # ops retired so far
+        self.known = 0   # ops the host knows to be retired (through a synchronization)
+
+
+class SimRuntime(Runtime):
+    backend = "sim"
+    exact_rows = True
+
+    def __init__(self, strategy: Strategy, detect: bool = True, access: str = "infer",
+                 on_race: str = "collect"):
+        super().__init__(detect=detect, access=access, on_race=on_race)
+        self.strategy = strategy
+        self.choices: List[int] = []
+        self._q: Dict[int, _Queue] = {}
+        self._pending = 0
+        self._mem = 0
+        # (stream ctx, numel, dtype) -> freed blocks: (flat tensor, mem id, pledges)
+        self._pool: Dict[Tuple, List[Tuple[torch.Tensor, int, List[Tuple[int, int]]]]] = {}
+        self.retired: List[Tuple[str, str]] = []  # (stream, op name) in retire order
+        self.trace = False
+
+    # -- choice points ---------------------------------------------------------------
+    def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
+        out = []
+        for s in self.streams:
+            q = self._q[s.ctx]
+            if not q.ops:
+                continue
+            if limit is not None and q.ret >= limit.get(s.ctx, 0):
+                continue
+            head = q.ops[0]
+            if head.kind == WAIT and not head.bound.retired:
+                continue
+            out.append(s)
+        return out
+
+    def _decide(self, n: int, ready: List[Stream], forced: bool) -> int:
+        c = self.strategy.choose(n, [s.name for s in ready], forced)
+        if not 0 <= c < n:
+            raise ValueError(f"strategy returned decision {c} of {n}")
+        self.choices.append(c)
+        return c
+
+    def _point(self) -> None:
+        """A choice point: the strategy may retire ready stream heads."""
+        if not self._pending:
+            return
+        self.strategy.new_point()
+        while True:
+            ready = self._ready()
+            if not ready:
+                return
+            c = self._decide(len(ready) + 1, ready, False)
+            if c == 0:
+                return
+            self._retire(ready[c - 1])
+
+    def _drain(self, need: Dict[int, int]) -> None:
+        """Retire exactly what must retire for every stream ``ctx`` to have retired its
+        first ``need[ctx]`` ops, including what those ops wait for."""
+        changed = True
+        while changed:
+            changed = False
+            for ctx, upto in list(need.items()):
+                q = self._q[ctx]
+                for op in q.ops:
+                    if op.seq >= upto:
+                        break
+                    if op.kind == WAIT and not op.bound.retired:
+                        b = op.bound
+                        if need.get(b.stream.ctx, 0) < b.seq + 1:
+                            need[b.stream.ctx] = b.seq + 1
+                            changed = True
+        while True:
+            ready = self._ready(need)
+            if not ready:
+                break
+            c = self._decide(len(ready), ready, True) if len(ready) > 1 else 0
+            self._retire(ready[c])
+        for ctx, upto in need.items():
+            q = self._q[ctx]
+            assert q.ret >= upto, "the sim could not retire what a synchronization needs"
+            q.known = max(q.known, upto)
+
+    def _retire(self, s: Stream) -> None:
+        q = self._q[s.ctx]
+        op = q.ops.popleft()
+        q.ret += 1
+        self._pending -= 1
+        if op.kind == KERNEL:
+            self._run_closure(op.fn, op.args, op.kwargs, op.info.name, op.declared,
+                              s.ctx, op.clock, op.info)
+        elif op.kind == COPY:
+            dst, src = op.args
+            dst.t.copy_(src.t)
+            if self.det is not None:
+                self._feed(s.ctx, op.clock, op.info, None,
+                           {src.mem: [src, None, frozenset()], dst.mem: [dst, frozenset(), None]}
+                           if src.mem != dst.mem else {src.mem: [src, None, None]})
+        op.retired = True
+        if self.trace:
+            self.retired.append((s.name, op.info.name if op.info else op.kind))
+
+    def _enqueue(self, s: Stream, kind: str, **kw) -> _Op:
+        q = self._q[s.ctx]
+        clock = self.det.enqueue(s.ctx) if self.det is not None else None
+        op = _Op(kind, s, q.enq, clock=clock, **kw)
+        q.enq += 1
+        q.ops.append(op)
+        self._pending += 1
+        return op
+
+    # -- streams and events ------------------------------------------------------------
+    def new_stream(self, name: str) -> Stream:
+        s = super().new_stream(name)
+        self._q[s.ctx] = _Queue()
+        return s
+
+    def _record(self, event: Event, stream: Stream) -> None:
+        self._point()
+        event.last = self._enqueue(stream, RECORD, info=OpInfo(f"record {event.name}"))
+        if self.det is not None:
+            self.det.record(stream.ctx, event.id)
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        self._point()
+        if event.last is None:
+            return  # CUDA: waiting on a never-recorded event is a no-op
+        self._enqueue(stream, WAIT, bound=event.last, info=OpInfo(f"wait {event.name}"))
+        if self.det is not None:
+            self.det.wait(stream.ctx, event.id)
+
+    def _query(self, event: Event) -> bool:
+        self._point()
+        rec = event.last
+        if rec is None:
+            return True
+        if not rec.retired:
+            return False
+        q = self._q[rec.stream.ctx]
+        q.known = max(q.known, rec.seq + 1)
+        if self.det is not None:
+            self.det.host_sync_event(event.id)
+        return True
+
+    def _sync_event(self, event: Event) -> None:
+        self._point()
+        self.syncs += 1
+        rec = event.last
+        if rec is None:
+            return
+        self._drain({rec.stream.ctx: rec.seq + 1})
+        if self.det is not None:
+            self.det.host_sync_event(event.id)
+
+    def _sync_stream(self, stream: Stream) -> None:
+        self._point()
+        self.syncs += 1
+        self._drain({stream.ctx: self._q[stream.ctx].enq})
+        if self.det is not None:
+            self.det.host_sync_stream(stream.ctx)
+
+    def synchronize(self) -> None:
+        """Host waits for all device work."""
+        self._point()
+        self.syncs += 1
+        self._drain({s.ctx: self._q[s.ctx].enq for s in self.streams})
+        if self.det is not None:
+            self.det.host_sync_all()
+
+    # -- buffers ---------------------------------------------------------------------
+    def _fresh(self, shape, dtype, space: str) -> Tuple[torch.Tensor, int]:
+        self._mem += 1
+        t = torch.full(tuple(shape), poison_value(dtype), dtype=dtype)
+        return t, self._mem
+
+    def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
+        """A device buffer allocated on ``stream`` (poison-filled when fresh, stale when
+        the allocator hands back a freed block)."""
+        self._point()
+        shape = tuple(int(x) for x in shape)
+        numel = 1
+        for x in shape:
+            numel *= x
+        key = (stream.ctx, numel, dtype)
+        t = mem = None
+        for i, (flat, m, pledges) in enumerate(self._pool.get(key, ())[::-1]):
+            if all(self._q[ctx].known >= upto for ctx, upto in pledges):
+                del self._pool[key][len(self._pool[key]) - 1 - i]
+                t, mem = flat.view(shape), m
+                break
+        if t is None:
+            t, mem = self._fresh(shape, dtype, DEVICE)
+        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
+
+    def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
+        self._point()
+        t, mem = self._fresh(shape, dtype, PINNED if pinned else PAGEABLE)
+        return self._register(Buffer(name, t, PINNED if pinned else PAGEABLE, mem,
+                                     self._next_serial()))
+
+    def free(self, buf: Buffer) -> None:
+        """Give ``buf`` back: device memory to its stream's pool (reused by a later
+        allocation on that stream), host memory for good. Not an access."""
+        self._point()
+        # Queued closures may still touch the memory: keep it attributable.
+        self._unregister(buf, keep_lookup=True)
+        if buf.space == DEVICE:
+            key = (buf.stream.ctx, buf.t.numel(), buf.t.dtype)
+            pledges = [(s.ctx, self._q[s.ctx].enq) for s in buf.pledged]
+            self._pool.setdefault(key, []).append((buf.t.reshape(-1), buf.mem, pledges))
+
+    # -- device work -------------------------------------------------------------------
+    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
+               writes=None, **kwargs) -> None:
+        """Queue ``fn(*args, **kwargs)`` on ``stream``; it runs when the stream retires it."""
+        self._point()
+        self.launches += 1
+        info = OpInfo(name or getattr(fn, "__name__", "kernel"),
+                      user_frame() if self.det is not None else "?")
+        self._enqueue(stream, KERNEL, fn=fn, args=args, kwargs=kwargs, info=info,
+                      declared=self._declared(reads, writes))
+
+    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
+             name: Optional[str] = None) -> None:
+        """``dst <- src`` in ``stream`` order. Asynchronous for the host only when
+        ``non_blocking`` and the host side is pinned, or device to device."""
+        self._point()
+        if dst.space != DEVICE and src.space != DEVICE:
+            raise ValueError("copy between two host buffers: use host_write")
+        host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
+        info = OpInfo(name or f"copy {src.name}->{dst.name}",
+                      user_frame() if self.det is not None else "?", is_copy=True)
+        op = self._enqueue(stream, COPY, args=(dst, src), info=info)
+        if host is not None and not (non_blocking and host.space == PINNED):
+            self.syncs += 1
+            self._drain({stream.ctx: op.seq + 1})
+            if self.det is not None:
+                self.det.host_sync_stream(stream.ctx)
+
+    # -- host accessors ----------------------------------------------------------------
+    def to_host(self, buf: Buffer, stream: Stream) -> torch.Tensor:
+        """A blocking device-to-host read of ``buf`` in ``stream`` order."""
+        check_space(buf, (DEVICE,), "to_host")
+        self._point()
+        out = torch.empty_like(buf.t)
+        info = OpInfo(f"to_host {buf.name}", user_frame() if self.det is not None else "?",
+                      is_copy=True)
+        op = self._enqueue(stream, KERNEL, fn=out.copy_, args=(buf.t,), info=info,
+                           declared={buf.mem: [buf, None, frozenset()]})
+        self.syncs += 1
+        self._drain({stream.ctx: op.seq + 1})
+        if self.det is not None:
+            self.det.host_sync_stream(stream.ctx)
+        return out
+
+    def host_view(self, buf: Buffer, rows=None) -> torch.Tensor:
+        """The host reads a pinned or pageable buffer as it is now (a copy)."""
+        check_space(buf, (PINNED, PAGEABLE), "host_view")
+        self._point()
+        r = None if rows is None else frozenset(int(x) for x in rows)
+        self._host_access(buf, False, r, f"host_view {buf.name}")
+        return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
+
+    def host_write(self, buf: Buffer, values, rows=None) -> None:
+        """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
+        check_space(buf, (PINNED, PAGEABLE), "host_write")
+        self._point()
+        r = None if rows is None else frozenset(int(x) for x in rows)
+        self._host_access(buf, True, r, f"host_write {buf.name}")
+        vals = torch.as_tensor(values, dtype=buf.t.dtype)
+        if r is None:
+            buf.t.copy_(vals.reshape(buf.t.shape) if vals.numel() == buf.t.numel() else vals)
+        else:
+            buf.t[list(rows)] = vals

@@ -1,0 +1,242 @@
+"""The happens-before race detector core.
+
+It knows nothing of streams objects, tensors or runtimes: it is fed plain events
+(context creation, launch, event record/wait, synchronizations, accesses, memory
+allocation/free/ownership changes) and returns ``RaceReport`` objects. The device
+runtimes (``overlapcheck.device``) and, later, an interposer for unmodified
+``torch.cuda`` code feed it.
+
+Clock rules (CUDA's):
+* the host enqueuing work on a stream orders the host's past before that work;
+* ``record`` snapshots the stream's clock into the event; ``wait`` joins the
+  snapshot taken by the latest record *at the time of the wait* (a wait on a never
+  recorded event is a no-op);
+* a host synchronization (stream, event, device, a blocking copy, a query that
+  returned true) joins the waited-for clock into the host;
+* every time a context's clock is handed to another, its own entry is bumped, so
+  later accesses of that context are not mistaken as ordered.
+
+All clocks are computed in the host's issue order, so the verdict does not depend on
+when device work really ran: stream work carries the clock it had when it was
+enqueued, and may be checked later (the sim checks it when the work retires).
+
+Memory reuse: freeing is not an access. A memory unit keeps its access records when it
+changes owner; the new owner's accesses are checked against the previous owner's like
+any others, and a conflict across owners is reported as ``reuse``.
+"""
+from __future__ import annotations
+
+from typing import Dict, Hashable, Iterable, List, Optional
+
+from . import report as R
+from .clocks import HOST, Clock, CtxId, get, join_into
+from .report import Access, OpInfo, RaceReport, Rows
+
+MemId = Hashable
+EventId = Hashable
+
+
+def _overlap(a: Rows, b: Rows) -> Rows:
+    if a is None:
+        return b if b is not None else None
+    if b is None:
+        return a
+    both = a & b
+    return both if both else frozenset()
+
+
+def _subset(a: Rows, b: Rows) -> bool:
+    if b is None:
+        return True
+    if a is None:
+        return False
+    return a <= b
+
+
+_HIST = 8  # ownership changes remembered per memory unit and per row
+
+
+def _owner_at(hist: list, epoch: int, default: object = None) -> object:
+    for e, owner in reversed(hist):
+        if e <= epoch:
+            return owner
+    return default
+
+
+class _Mem:
+    """One memory unit: its access records and its ownership history, stamped with
+    the host epoch of each change, so that an access is attributed to the owner at
+    the time the host issued it (device work may run much later)."""
+
+    __slots__ = ("name", "records", "hist", "row_hist", "pledges")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.records: List[Access] = []
+        self.hist: list = []
+        self.row_hist: Dict[int, list] = {}
+        self.pledges: List[Clock] = []
+
+    def set_owner(self, epoch: int, owner: object) -> None:
+        self.hist.append((epoch, owner))
+        del self.hist[:-_HIST]
+
+    def set_row_owner(self, epoch: int, row: int, owner: object) -> None:
+        h = self.row_hist.setdefault(row, [])
+        h.append((epoch, owner))
+        del h[:-_HIST]
+
+    def owner_of(self, rows: Rows, epoch: int) -> object:
+        base = _owner_at(self.hist, epoch)
+        if rows is None or not self.row_hist:
+            return base
+        owners = {_owner_at(self.row_hist[r], epoch, base) if r in self.row_hist else base
+                  for r in rows}
+        if len(owners) == 1:
+            return owners.pop()
+        return tuple(sorted(map(str, owners)))
+
+
+class Detector:
+    """Vector-clock race detector. Handlers return the reports they produce and also
+    append them to ``self.reports``; they never raise on a race."""
+
+    def __init__(self) -> None:
+        self.ctx_names: List[str] = ["host"]
+        self.clocks: List[Clock] = [[1]]
+        self.events: Dict[EventId, Clock] = {}
+        self.mem: Dict[MemId, _Mem] = {}
+        self.reports: List[RaceReport] = []
+        self.accesses = 0
+
+    # -- contexts and clocks -------------------------------------------------------
+    def add_context(self, name: str) -> CtxId:
+        ctx = len(self.clocks)
+        clock = [0] * (ctx + 1)
+        clock[ctx] = 1
+        self.clocks.append(clock)
+        self.ctx_names.append(name)
+        return ctx
+
+    def _release(self, ctx: CtxId) -> Clock:
+        """Snapshot ``ctx``'s clock for another context, then bump ``ctx``."""
+        clock = self.clocks[ctx]
+        snap = list(clock)
+        clock[ctx] += 1
+        return snap
+
+    def enqueue(self, stream: CtxId) -> Clock:
+        """The host enqueues work on ``stream``; returns the clock that work runs
+        under (a snapshot)."""
+        join_into(self.clocks[stream], self._release(HOST))
+        return list(self.clocks[stream])
+
+    def record(self, stream: CtxId, event: EventId) -> None:
+        self.events[event] = self._release(stream)
+
+    def wait(self, stream: CtxId, event: EventId) -> None:
+        snap = self.events.get(event)
+        if snap is not None:  # a wait on a never-recorded event is a no-op
+            join_into(self.clocks[stream], snap)
+
+    def host_sync_stream(self, stream: CtxId) -> None:
+        join_into(self.clocks[HOST], self._release(stream))
+
+    def host_sync_event(self, event: EventId) -> None:
+        snap = self.events.get(event)
+        if snap is not None:
+            join_into(self.clocks[HOST], snap)
+
+    def host_sync_all(self) -> None:
+        for ctx in range(1, len(self.clocks)):
+            self.host_sync_stream(ctx)
+
+    def clock(self, ctx: CtxId) -> Clock:
+        """A snapshot of ``ctx``'s current clock."""
+        return list(self.clocks[ctx])
+
+    # -- memory ----------------------------------------------------------------------
+    def _host_epoch(self) -> int:
+        return self.clocks[HOST][HOST]
+
+    def alloc(self, mem: MemId, name: str, owner: object = None) -> None:
+        """Memory ``mem`` gets a new owner. Reused memory keeps its access records;
+        pledged streams recorded at its free are ordered before the host (the caching
+        allocator only hands the block out once their work is done)."""
+        m = self.mem.get(mem)
+        if m is None:
+            m = self.mem[mem] = _Mem(name)
+        for snap in m.pledges:
+            join_into(self.clocks[HOST], snap)
+        m.pledges = []
+        m.name = name
+        m.set_owner(self._host_epoch(), owner)
+        for r in list(m.row_hist):
+            m.set_row_owner(self._host_epoch(), r, owner)
+
+    def free(self, mem: MemId, pledged: Iterable[CtxId] = ()) -> None:
+        """``mem`` goes back to its allocator; not an access. ``pledged`` are the
+        streams promised with ``record_stream``."""
+        m = self.mem.get(mem)
+        if m is None:
+            return
+        m.set_owner(self._host_epoch(), None)
+        m.pledges = [self._release(s) for s in pledged]
+
+    def transfer(self, mem: MemId, rows: Iterable[int], owner: object) -> None:
+        """Rows of ``mem`` (KV slots, request-pool rows) change owner (``None``: free)."""
+        m = self.mem[mem]
+        e = self._host_epoch()
+        for r in rows:
+            m.set_row_owner(e, r, owner)
+
+    # -- accesses --------------------------------------------------------------------
+    def access(self, ctx: CtxId, mem: MemId, write: bool, rows: Rows, op: OpInfo,
+               clock: Optional[Clock] = None) -> Optional[RaceReport]:
+        """Check one access and remember it. ``clock`` is the clock the access runs
+        under (for stream work: the snapshot ``enqueue`` returned); by default the
+        context's current clock."""
+        if rows is not None and not rows:
+            return None
+        self.accesses += 1
+        m = self.mem[mem]
+        if clock is None:
+            clock = list(self.clocks[ctx])
+        epoch = get(clock, ctx)
+        cur = Access(ctx, self.ctx_names[ctx], epoch, clock, write, rows,
+                     m.owner_of(rows, get(clock, HOST)), op)
+        found: Optional[RaceReport] = None
+        keep: List[Access] = []
+        for prev in m.records:
+            both = _overlap(prev.rows, rows)
+            if both is not None and not both:
+                keep.append(prev)
+                continue
+            before = prev.ctx == ctx or get(clock, prev.ctx) >= prev.epoch
+            after = not before and get(prev.clock, ctx) >= epoch
+            if (write or prev.write) and not before and not after:
+                if found is None or prev.epoch >= found.previous.epoch:
+                    found = RaceReport(self._kind(prev, cur), m.name, both, cur, prev)
+            # A record ordered before this access, covered by it, and no longer able
+            # to race on its own (a write covers anything; a read covers reads).
+            if before and _subset(prev.rows, rows) and (write or not prev.write):
+                continue
+            keep.append(prev)
+        keep.append(cur)
+        m.records = keep
+        if found is not None:
+            self.reports.append(found)
+        return found
+
+    @staticmethod
+    def _kind(prev: Access, cur: Access) -> str:
+        if (prev.owner is not None and cur.owner is not None and prev.owner != cur.owner):
+            return R.REUSE
+        if cur.ctx == HOST or prev.ctx == HOST:
+            host, dev = (cur, prev) if cur.ctx == HOST else (prev, cur)
+            if dev.op.is_copy and dev.write and not host.write:
+                return R.HOST_READ_BEFORE_COPY
+            if dev.op.is_copy and not dev.write and host.write:
+                return R.HOST_WRITE_DURING_COPY
+            return R.HOST_STREAM
+        return R.STREAM_STREAM
