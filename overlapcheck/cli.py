@@ -1,0 +1,59 @@
+"""``overlapcheck`` command line.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; heavy
+imports (torch) happen inside the command, so ``--help`` is instant. Usage errors and
+bad input print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# subcommand name -> module providing register(subparsers)
+COMMANDS = {
+    "selftest": "overlapcheck.selftest.command",
+}
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    p = _Parser(prog="overlapcheck",
+                description="Deterministic testing and fuzzing of overlap-scheduled "
+                            "speculative decoding engines.")
+    p.add_argument("--version", action="version", version=f"overlapcheck {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).register(sub)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"overlapcheck {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

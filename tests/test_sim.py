@@ -1,0 +1,160 @@
+"""Semantics of the simulated device: deferred closures, CUDA's event rules,
+copies, poison, allocator reuse, annotations, choices and replay."""
+import pytest
+import torch
+
+from overlapcheck.device import (AnnotationError, Diverged, Replay, is_poison, make_runtime)
+from overlapcheck.device.sched import Script
+
+
+def _rt(strategy="eager", seed=0, **kw):
+    rt = make_runtime("sim", seed=seed, strategy=strategy, **kw)
+    return rt, rt.new_stream("s"), rt.new_stream("f")
+
+
+def test_closure_runs_later_and_reads_contents_then():
+    rt, s, f = _rt(Script([0] * 50))   # Script: never retire at free points
+    a = rt.empty((1,), torch.int64, "a", s)
+    b = rt.empty((1,), torch.int64, "b", s)
+    rt.launch(s, lambda x: x.fill_(1), a.t)
+    rt.launch(s, lambda x, y: y.copy_(x + 1), a.t, b.t)
+    assert is_poison(a.t).all()         # nothing ran yet
+    s.synchronize()
+    assert b.t.item() == 2
+
+
+def test_fresh_buffers_are_poison():
+    rt, s, _ = _rt()
+    assert is_poison(rt.empty((3,), torch.float32, "x", s).t).all()
+    assert is_poison(rt.host_empty((3,), torch.int32, "p").t).all()
+
+
+def test_pageable_copy_is_synchronous_and_pinned_async():
+    rt, s, _ = _rt(Script([0] * 50))
+    d = rt.empty((2,), torch.int64, "d", s)
+    rt.launch(s, lambda x: x.fill_(7), d.t)
+    page = rt.host_empty((2,), torch.int64, "page", pinned=False)
+    rt.copy(page, d, s, non_blocking=True)     # pageable: synchronous anyway
+    assert rt.host_view(page).tolist() == [7, 7]
+    pin = rt.host_empty((2,), torch.int64, "pin")
+    rt.launch(s, lambda x: x.fill_(8), d.t)
+    rt.copy(pin, d, s, non_blocking=True)
+    assert is_poison(rt.host_view(pin)).all()  # not landed, and a race
+    rt.synchronize()                           # reported once the copy retires
+    assert rt.reports and rt.reports[-1].kind == "host-read-before-copy"
+
+
+def test_query_of_never_recorded_event_is_true():
+    rt, s, _ = _rt()
+    assert rt.new_event("e").query()
+
+
+def test_wait_on_never_recorded_event_is_noop_and_no_hang():
+    rt, s, f = _rt("random", seed=3)
+    e = rt.new_event("e")
+    f.wait_event(e)
+    rt.launch(f, lambda: None, name="noop")
+    f.synchronize()
+
+
+def test_allocator_reuses_freed_block_on_same_stream_stale():
+    rt, s, f = _rt()
+    a = rt.empty((4,), torch.int64, "idx", s)
+    rt.launch(s, lambda x: x.fill_(5), a.t)
+    rt.free(a)
+    b = rt.empty((4,), torch.int64, "idx2", s)
+    s.synchronize()
+    assert b.mem == a.mem and b.t.tolist() == [5, 5, 5, 5]
+    c = rt.empty((4,), torch.int64, "other_stream", f)
+    assert c.mem != a.mem
+
+
+def test_record_stream_delays_reuse_until_host_knows():
+    rt, s, f = _rt()
+    a = rt.empty((4,), torch.int64, "idx", s)
+    rt.record_stream(a, f)
+    rt.launch(f, lambda x: x.sum(), a.t)
+    rt.free(a)
+    b = rt.empty((4,), torch.int64, "idx2", s)
+    assert b.mem != a.mem
+    f.synchronize()
+    rt.free(b)
+    c = rt.empty((4,), torch.int64, "idx3", s)
+    assert c.mem in (a.mem, b.mem)
+
+
+def test_double_free_is_an_error():
+    rt, s, _ = _rt()
+    a = rt.empty((1,), torch.int64, "a", s)
+    rt.free(a)
+    with pytest.raises(ValueError, match="double free"):
+        rt.free(a)
+
+
+def test_wrong_annotation_raises():
+    rt, s, _ = _rt()
+    kv = rt.empty((8, 2), torch.int64, "kv", s)
+    idx = torch.tensor([3])
+    rt.launch(s, lambda t, i: t.index_fill_(0, i, 0), kv.t, idx, writes=[kv.rows([0, 1])])
+    with pytest.raises(AnnotationError, match="rows"):
+        s.synchronize()
+
+
+def test_annotation_narrows_index_access():
+    rt, s, f = _rt()
+    kv = rt.empty((8, 2), torch.int64, "kv", s)
+    rt.launch(s, lambda t, i: t.index_fill_(0, i, 1), kv.t, torch.tensor([0, 1]),
+              writes=[kv.rows([0, 1])])
+    rt.launch(f, lambda t, i: t.index_fill_(0, i, 2), kv.t, torch.tensor([5]),
+              writes=[kv.rows([5])])
+    rt.synchronize()
+    assert not rt.reports
+
+
+def test_undeclared_buffer_raises():
+    rt, s, _ = _rt()
+    a = rt.empty((2,), torch.int64, "a", s)
+    b = rt.empty((2,), torch.int64, "b", s)
+    rt.launch(s, lambda x, y: y.copy_(x), a.t, b.t, writes=[b])
+    with pytest.raises(AnnotationError, match="did not declare"):
+        s.synchronize()
+
+
+def test_view_geometry_narrows_without_annotation():
+    rt, s, f = _rt()
+    t = rt.empty((4, 3), torch.int64, "table", s)
+    rt.launch(s, lambda x: x.fill_(1), t.t[0:2])
+    rt.launch(f, lambda x: x.fill_(2), t.t[2:4])
+    rt.synchronize()
+    assert not rt.reports
+
+
+def _program(rt):
+    s, f = rt.new_stream("s"), rt.new_stream("f")
+    a = rt.empty((1,), torch.int64, "a", s)
+    pin = rt.host_empty((1,), torch.int64, "pin")
+    rt.launch(s, lambda x: x.fill_(1), a.t)
+    rt.launch(f, lambda x: x.add_(10), a.t)
+    rt.copy(pin, a, f, non_blocking=True)
+    seen = rt.host_view(pin).item()
+    rt.synchronize()
+    return seen, rt.host_view(pin).item()
+
+
+def test_replay_reproduces_exactly_and_detects_divergence():
+    rt = make_runtime("sim", seed=11, strategy="random")
+    first = _program(rt)
+    again = make_runtime("sim", strategy=Replay(rt.choices))
+    assert _program(again) == first and again.choices == rt.choices
+    bad = make_runtime("sim", strategy=Replay(rt.choices[:1]))
+    with pytest.raises(Diverged):
+        _program(bad)
+
+
+def test_unknown_names_are_errors():
+    with pytest.raises(ValueError, match="unknown device"):
+        make_runtime("tpu")
+    with pytest.raises(ValueError, match="unknown schedule strategy"):
+        make_runtime("sim", strategy="chaos")
+    with pytest.raises(ValueError, match="unknown access mode"):
+        make_runtime("sim", access="guess")
