@@ -1,0 +1,83 @@
+"""The cuda backend on a real GPU: the detector's verdicts match the sim's."""
+import pytest
+import torch
+
+from overlapcheck.device import is_poison, make_runtime
+
+pytestmark = pytest.mark.gpu
+
+
+def _rt(detect=True):
+    rt = make_runtime("cuda", detect=detect)
+    return rt, rt.new_stream("schedule"), rt.new_stream("forward"), rt.new_stream("copy")
+
+
+def test_fresh_buffers_are_poison_on_gpu():
+    rt, s, f, c = _rt()
+    a = rt.empty((4,), torch.float32, "a", s)
+    s.synchronize()
+    assert is_poison(a.t.cpu()).all()
+    assert is_poison(rt.host_view(rt.host_empty((4,), torch.int64, "p"))).all()
+
+
+def test_pinned_read_before_copy_done_is_flagged_and_twin_is_not():
+    for sync in (False, True):
+        rt, s, f, c = _rt()
+        fut = rt.empty((8,), torch.int64, "future", f)
+        pin = rt.host_empty((8,), torch.int64, "accept_pinned")
+        done = rt.new_event("copy_done")
+        rt.launch(f, lambda t: t.fill_(3), fut.t, name="stash")
+        c.wait_stream(f)
+        rt.copy(pin, fut, c, non_blocking=True)
+        done.record(c)
+        if sync:
+            done.synchronize()
+        rt.host_view(pin)
+        rt.synchronize()
+        assert bool(rt.reports) == (not sync), [str(r) for r in rt.reports]
+
+
+def test_stream_stream_race_and_event_twin():
+    for ordered in (False, True):
+        rt, s, f, c = _rt()
+        kv = rt.empty((16, 4), torch.float32, "kv", f)
+        e = rt.new_event("written")
+        rt.launch(s, lambda t: t.fill_(1.0), kv.t, name="write")
+        e.record(s)
+        if ordered:
+            f.wait_event(e)
+        rt.launch(f, lambda t: t.sum(), kv.t, name="read")
+        rt.synchronize()
+        assert bool(rt.reports) == (not ordered)
+
+
+def test_recycled_storage_without_record_stream_is_a_reuse_race():
+    for pledge in (False, True):
+        rt, s, f, c = _rt()
+        idx = rt.empty((1 << 16,), torch.int64, "idx", s)
+        rt.launch(s, lambda t: t.fill_(1), idx.t, name="fill_idx")
+        f.wait_stream(s)
+        rt.launch(f, lambda t: t.sum(), idx.t, name="forward_reads_idx")
+        if pledge:
+            rt.record_stream(idx, f)
+        rt.free(idx)
+        if pledge:
+            torch.cuda.current_stream().synchronize()
+            f.synchronize()
+        new = rt.empty((1 << 16,), torch.int64, "idx_next", s)
+        rt.launch(s, lambda t: t.fill_(2), new.t, name="fill_next")
+        rt.synchronize()
+        kinds = [r.kind for r in rt.reports]
+        if pledge:
+            assert not kinds
+        elif new.mem == idx.mem:   # the caching allocator handed back the same block
+            assert kinds == ["reuse"]
+
+
+def test_detector_off_adds_no_reports():
+    rt, s, f, c = _rt(detect=False)
+    a = rt.empty((4,), torch.float32, "a", s)
+    rt.launch(s, lambda t: t.fill_(1.0), a.t)
+    rt.launch(f, lambda t: t.fill_(2.0), a.t)
+    rt.synchronize()
+    assert rt.reports == []
