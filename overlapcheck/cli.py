@@ -14,6 +14,7 @@ from typing import List, Optional
 # subcommand name -> module providing register(subparsers)
 COMMANDS = {
     "selftest": "overlapcheck.selftest.command",
+    "run": "overlapcheck.engine.command",
 }
 
 EXIT_USAGE = 2

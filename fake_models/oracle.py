@@ -1,0 +1,86 @@
+"""The oracle target/draft pair.
+
+A KV slot row holds ``(token, position, request id)`` as written by prefill, verify or
+draft. The target's next token at context length ``n`` is a hash of the tokens it
+*reads from the request's KV slots* ``0..n-1`` through the request->token table, mixed
+with the request seed: a corrupted, stale or recycled slot changes the output. Each
+query is computed on its own (exact integer arithmetic, no reductions across
+requests), so results do not depend on batch-mates, chunking or retraction.
+
+The draft computes the same hash over the *draft* KV and agrees with the target's
+token with a tunable, deterministic probability (``agreement`` percent).
+
+Sampling: the oracle's "logits" are the context hash ``h``. Greedy takes the token
+``h`` ranks first; seeded sampling picks, from ``(h, request seed, position)`` alone,
+the greedy token or (30% of the time) another one.
+"""
+from __future__ import annotations
+
+import torch
+
+M = 2147483647          # 2**31 - 1: every intermediate stays far below 2**63
+KV_WIDTH = 3            # token, position, request id
+TOK, POS, RID = 0, 1, 2
+SEEDED_PERCENT = 30
+
+
+def mix(x: torch.Tensor, *ys) -> torch.Tensor:
+    """A deterministic integer mixer on int64 tensors with values in [0, M)."""
+    for y in ys:
+        x = (x * 48271 + (y % M) * 69621 + 12345) % M
+        x = x ^ (x >> 11)
+    return x
+
+
+class OracleModel:
+    """Stateless: all state is in the KV buffers and the table it is given."""
+
+    name = "oracle"
+    kv_width = KV_WIDTH
+
+    def __init__(self, vocab: int = 64, agreement: int = 70, salt: int = 0):
+        if vocab < 2 or not 0 <= agreement <= 100:
+            raise ValueError(f"oracle needs vocab >= 2 and agreement in 0..100, got {vocab}, {agreement}")
+        self.vocab, self.agreement, self.salt = vocab, agreement, salt
+
+    # -- KV -----------------------------------------------------------------------------
+    @staticmethod
+    def kv_rows(tokens: torch.Tensor, positions: torch.Tensor, rids: torch.Tensor) -> torch.Tensor:
+        """The KV rows to store for ``tokens`` at ``positions`` of requests ``rids``."""
+        return torch.stack([tokens, positions, rids], dim=-1)
+
+    @staticmethod
+    def context_hash(kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                     ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Per query q: hash of the tokens in KV slots ``table[rows[q], 0:ctx_lens[q]]``."""
+        width = table.shape[1]
+        pos = torch.arange(width, device=table.device)
+        mask = pos.unsqueeze(0) < ctx_lens.unsqueeze(1)
+        slots = torch.where(mask, table[rows], 0)     # masked cells read the padding slot
+        toks = kv[:, TOK][slots]
+        weights = (pos * 40503 + 17) % M + 1
+        terms = ((toks % M) * weights) % M
+        h = torch.where(mask, terms, 0).sum(1) % M
+        return mix(h, ctx_lens)
+
+    # -- heads --------------------------------------------------------------------------
+    def sample(self, h: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+               seeded: torch.Tensor) -> torch.Tensor:
+        """The token for logits ``h``: greedy, or seeded by (seed, position) where ``seeded``."""
+        greedy = mix(h, 1) % self.vocab
+        u = mix(h, seeds, positions)
+        other = (u >> 7) % self.vocab
+        return torch.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
+
+    def target(self, kv, table, rows, ctx_lens, seeds, seeded) -> torch.Tensor:
+        """Target tokens at context lengths ``ctx_lens`` (the token at position ctx_len)."""
+        return self.sample(self.context_hash(kv, table, rows, ctx_lens), seeds, ctx_lens, seeded)
+
+    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded) -> torch.Tensor:
+        """Draft tokens: the target's rule over the draft KV, kept with probability
+        ``agreement``% (a hash of the context decides), else a different token."""
+        h = self.context_hash(draft_kv, table, rows, ctx_lens)
+        like = self.sample(h, seeds, ctx_lens, seeded)
+        agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
+        other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
+        return torch.where(agree, like, other)

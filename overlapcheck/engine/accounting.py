@@ -1,0 +1,103 @@
+"""Memory accounting: KV pages and request-pool rows, their device ownership
+(``rt.transfer`` on every change of owner) and the events that report them.
+
+The one place that moves memory between requests; the scheduler and the result
+processing call it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+from . import events as E
+from .config import EngineConfig
+from .memory import KVPool, RowPool
+from .types import Request
+
+
+class Memory:
+    def __init__(self, cfg: EngineConfig, dev, emit: Callable[[E.Event], None]):
+        self.cfg, self.dev, self.emit = cfg, dev, emit
+        self.kv = KVPool(cfg)
+        self.rows = RowPool(cfg.max_running)
+        self.ps = cfg.page_size
+
+    def _slots(self, pages: List[int]) -> Tuple[int, ...]:
+        return tuple(s for p in pages for s in self.kv.slots(p))
+
+    # -- rows -----------------------------------------------------------------------------
+    def assign_row(self, req: Request, it: int, bid: int) -> int:
+        req.row = self.rows.allocate(req.rid)
+        self.dev.transfer_row(req.row, req.rid)
+        self.emit(E.RowAssigned(it, bid, req.rid, req.row))
+        return req.row
+
+    # -- KV -------------------------------------------------------------------------------
+    def extra_pages(self, req: Request, tokens: int) -> int:
+        """Pages ``req`` still needs to hold ``tokens`` positions."""
+        return max(0, self.kv.pages_for(tokens) - len(req.pages))
+
+    def grow(self, req: Request, tokens: int, purpose: str, it: int, bid: int
+             ) -> List[Tuple[int, int, int]]:
+        """Allocate pages so that ``req`` holds ``tokens`` positions; returns the
+        request->token cells (row, position, slot) to write."""
+        n = self.extra_pages(req, tokens)
+        if n == 0:
+            return []
+        first = len(req.pages)
+        pages = self.kv.allocate(n, req.rid, purpose, it)
+        req.pages.extend(pages)
+        slots = self._slots(pages)
+        self.dev.transfer_slots(slots, req.rid)
+        self.emit(E.Allocated(it, bid, req.rid, purpose, slots, req.row))
+        base = first * self.ps
+        return [(req.row, base + i, s) for i, s in enumerate(slots)]
+
+    def release(self, req: Request, reason: str, it: int, bid: int) -> None:
+        """Take all memory away from ``req``: its KV pages (pending-free until the
+        newest batch it rides is processed) and its row (free at once)."""
+        until = max(req.inflight) if req.inflight else None
+        slots = self._slots(req.pages)
+        freed = self.kv.release(req.pages, req.rid, until)
+        if freed:
+            self.dev.transfer_slots(slots, None)
+        self.emit(E.Freed(it, bid, req.rid, slots, reason, until is not None, until))
+        req.pages = []
+        if req.row is not None:
+            self.rows.release(req.row, req.rid)
+            self.dev.transfer_row(req.row, None)
+            self.emit(E.RowReleased(it, bid, req.rid, req.row))
+            req.row = None
+
+    def on_processed(self, bid: int, it: int) -> None:
+        pages = self.kv.on_processed(bid)
+        if pages:
+            slots = self._slots(pages)
+            self.dev.transfer_slots(slots, None)
+            self.emit(E.PendingReleased(it, bid, slots))
+
+    # -- integrity ------------------------------------------------------------------------
+    def check_integrity(self, live: Dict[int, Request]) -> None:
+        """Pool and rows consistent with the live requests' page lists and rows."""
+        self.kv.check_integrity()
+        self.rows.check_integrity()
+        pages = {}
+        for r in live.values():
+            for p in r.pages:
+                own = self.kv.owned.get(p)
+                if own is None or own.rid != r.rid:
+                    raise AssertionError(f"request {r.rid} lists page {p}, ledger says {own}")
+                pages[p] = r.rid
+            if r.row is not None and self.rows.owner.get(r.row) != r.rid:
+                raise AssertionError(f"request {r.rid} holds row {r.row}, "
+                                     f"row pool says {self.rows.owner.get(r.row)}")
+            if len(r.pages) * self.ps > self.cfg.row_width:
+                raise AssertionError(f"request {r.rid} holds {len(r.pages)} pages, "
+                                     f"beyond the row width {self.cfg.row_width}")
+        stray = set(self.kv.owned) - set(pages)
+        if stray:
+            p = min(stray)
+            raise AssertionError(f"{len(stray)} owned pages belong to no live request, e.g. "
+                                 f"page {p}: {self.kv.owned[p]}")
+
+    def is_full(self) -> bool:
+        return self.kv.free_pages == self.kv.total and len(self.rows.free) == self.rows.total

@@ -1,0 +1,60 @@
+"""Device-side state of the engine: streams, KV buffers, the request->token table,
+the FutureMap, forward scratch, pinned staging and result buffers, events.
+
+All of it is allocated once through the runtime; only the per-step index and output
+buffers (see ``SpecWorker.launch``) come and go.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from .config import EngineConfig
+from .kernels import META
+
+
+class DeviceState:
+    def __init__(self, rt, cfg: EngineConfig, kv_width: int):
+        self.rt, self.cfg = rt, cfg
+        self.sched = rt.new_stream("schedule")
+        self.fwd = rt.new_stream("forward")
+        self.copy = rt.new_stream("copy")
+        i64, bs, w = torch.int64, cfg.max_running, cfg.spec_steps + 1
+        self.target_kv = rt.empty((cfg.pool_tokens, kv_width), i64, "target_kv", self.fwd)
+        self.table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_token", self.fwd)
+        # FutureMap: rows indexed by request-pool row, written and read by the forward stream.
+        self.fm_tok = rt.empty((cfg.max_running,), i64, "future_token", self.fwd)
+        self.fm_len = rt.empty((cfg.max_running,), i64, "future_len", self.fwd)
+        # forward scratch: inputs + drafts, committed lengths, target tokens
+        self.drafts = rt.empty((bs, w), i64, "drafts", self.fwd)
+        self.lens = rt.empty((bs,), i64, "lens", self.fwd)
+        self.tgt = rt.empty((bs, w), i64, "target_tokens", self.fwd)
+        # double-buffered pinned staging (host -> device) and results (device -> host)
+        self.meta_pin = [rt.host_empty((bs, META), i64, f"meta_pinned{p}") for p in (0, 1)]
+        self.cells_pin = [rt.host_empty((cfg.pool_tokens, 3), i64, f"cells_pinned{p}")
+                          for p in (0, 1)]
+        self.ptok_pin = [rt.host_empty((cfg.chunk_size, 4), i64, f"prefill_tokens_pinned{p}")
+                         for p in (0, 1)]
+        self.tok_pin = [rt.host_empty((bs, w), i64, f"tokens_pinned{p}") for p in (0, 1)]
+        self.acc_pin = [rt.host_empty((bs,), i64, f"accept_lens_pinned{p}") for p in (0, 1)]
+        self.done = [rt.new_event(f"copy_done{p}") for p in (0, 1)]
+        self.war = rt.new_event("table_reads_done")
+        self.kv_buffers = [self.target_kv]
+
+    def h2d(self, pinned, name: str):
+        """A fresh schedule-stream buffer filled from ``pinned`` by a non-blocking copy."""
+        buf = self.rt.empty(tuple(pinned.t.shape), pinned.t.dtype, name, self.sched)
+        self.rt.copy(buf, pinned, self.sched, non_blocking=True)
+        return buf
+
+    def transfer_slots(self, slots: Iterable[int], owner) -> None:
+        """KV slots change owner (None: freed) in every KV buffer."""
+        slots = list(slots)
+        for buf in self.kv_buffers:
+            self.rt.transfer(buf, slots, owner)
+
+    def transfer_row(self, row: int, owner) -> None:
+        """A request-pool row changes owner: its table row and FutureMap rows."""
+        for buf in (self.table, self.fm_tok, self.fm_len):
+            self.rt.transfer(buf, [row], owner)

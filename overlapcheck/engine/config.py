@@ -1,0 +1,90 @@
+"""The engine's one configuration object, frozen and validated at construction.
+
+Values discovered at run time (lengths, free space, batch sizes) live in the engine's
+state, never here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFT_KINDS = ("standalone",)        # "eagle" and "mtp" plug in next to it (worker.DRAFTERS)
+RESERVE_RULES = ("double", "exact")
+MODELS = ("oracle",)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and switches of one engine instance.
+
+    * ``page_size``: tokens per KV page; ``pool_tokens``: KV slots in the pool (a
+      multiple of ``page_size``; page 0 is reserved as the padding page).
+    * ``row_width``: width of a request->token row, i.e. the largest context a
+      request may hold, draft reserve included.
+    * ``max_running``: admitted requests at most (= request-pool rows = max batch).
+    * ``chunk_size``: prefill tokens per batch at most.
+    * ``spec_steps``: draft tokens per verify (k); a verify commits 1..k+1 tokens.
+    * ``draft_reserve``: KV reserved ahead of the host-known committed length before a
+      decode: ``double`` reserves 2(k+1) (absorbs the one-step lag of overlap, as the
+      public engines do); ``exact`` reserves (k+1) per unprocessed batch plus one step.
+    * ``overlap``: run the host one batch ahead of the device; ``spec``: speculative
+      decoding (off: one token per decode step).
+    """
+
+    page_size: int = 1
+    pool_tokens: int = 512
+    row_width: int = 128
+    max_running: int = 8
+    chunk_size: int = 32
+    spec_steps: int = 3
+    draft_reserve: str = "double"
+    overlap: bool = True
+    spec: bool = True
+    draft_kind: str = "standalone"
+    model: str = "oracle"
+
+    def __post_init__(self):
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for name in ("page_size", "pool_tokens", "row_width", "max_running", "chunk_size",
+                     "spec_steps"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                 f"{name} must be a positive integer, got {v!r}")
+        need(self.pool_tokens % self.page_size == 0,
+             f"pool_tokens ({self.pool_tokens}) must be a multiple of page_size ({self.page_size})")
+        need(self.row_width % self.page_size == 0,
+             f"row_width ({self.row_width}) must be a multiple of page_size ({self.page_size})")
+        need(self.row_width > self.margin,
+             f"row_width ({self.row_width}) must exceed the draft margin ({self.margin})")
+        need(self.pool_tokens - self.page_size >= self.row_width,
+             f"pool_tokens ({self.pool_tokens}) must hold one full row ({self.row_width}) "
+             f"plus the padding page ({self.page_size})")
+        need(self.draft_reserve in RESERVE_RULES,
+             f"draft_reserve must be one of {', '.join(RESERVE_RULES)}, got {self.draft_reserve!r}")
+        need(self.draft_kind in DRAFT_KINDS,
+             f"draft_kind must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
+        need(self.model in MODELS, f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+
+    @property
+    def step_tokens(self) -> int:
+        """KV positions one decode step writes: k+1 with spec, 1 without."""
+        return self.spec_steps + 1 if self.spec else 1
+
+    @property
+    def margin(self) -> int:
+        """Row positions kept free beyond a request's context for the draft reserve.
+        Computed from ``spec_steps`` even with spec off, so that spec and no-spec runs
+        of one workload stop at the same context length."""
+        return 2 * (self.spec_steps + 1)
+
+    @property
+    def max_context(self) -> int:
+        """Tokens (prompt + output) a request may reach; it finishes with ``length`` there."""
+        return self.row_width - self.margin
+
+    @property
+    def pages(self) -> int:
+        """Allocatable pages (page 0 is the padding page)."""
+        return self.pool_tokens // self.page_size - 1

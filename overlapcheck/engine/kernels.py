@@ -1,0 +1,116 @@
+"""Device work: the closures the engine launches. Each takes every tensor it touches
+as an argument (bound at launch) and communicates only through buffers; Python ints
+(batch sizes, k) are bound at launch too. Nothing here reads host state.
+
+Staged metadata, one row per batch entry (``META`` columns), is copied from pinned
+host memory on the schedule stream. Decode state lives in the FutureMap
+(``fm_tok[row]``: the next input token, ``fm_len[row]``: the committed length).
+"""
+from __future__ import annotations
+
+import torch
+
+# meta columns
+ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT = range(9)
+META = 9
+# prefill token staging columns: row, position, token, request id
+P_ROW, P_POS, P_TOK, P_RID = range(4)
+
+
+def write_table(table, cells, n):
+    """Schedule stream: ``table[row, pos] = slot`` for the first ``n`` staged cells."""
+    c = cells[:n]
+    table[c[:, 0], c[:, 1]] = c[:, 2]
+
+
+def prefill_write(model, kv, draft_kv, table, ptok, n):
+    """Write the KV of ``n`` staged prompt tokens (target, and draft when present)."""
+    p = ptok[:n]
+    slots = table[p[:, P_ROW], p[:, P_POS]]
+    rows = model.kv_rows(p[:, P_TOK], p[:, P_POS], p[:, P_RID])
+    kv[slots] = rows
+    if draft_kv is not None:
+        draft_kv[slots] = rows
+
+
+def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
+    """Sample the first output token where a chunk ends the prompt; stash the next
+    decode input (sampled, or host-known after a retraction) into the FutureMap."""
+    m = meta[:b]
+    rows, ctx = m[:, ROW], m[:, START] + m[:, N]
+    t = model.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
+    sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
+    out_tok[:b, 0] = torch.where(sample, t, -1)
+    out_acc[:b] = sample.long()
+    nxt = torch.where(sample, t, m[:, NEXT])
+    fm_tok[rows] = torch.where(last, nxt, fm_tok[rows])
+    fm_len[rows] = torch.where(last, ctx, fm_len[rows])
+
+
+def resolve(fm_tok, fm_len, meta, drafts, lens, b):
+    """Read this step's inputs from the FutureMap (stashed by an earlier step)."""
+    rows = meta[:b, ROW]
+    drafts[:b, 0] = fm_tok[rows]
+    lens[:b] = fm_len[rows]
+
+
+def draft_step(model, draft_kv, table, meta, drafts, lens, j, b):
+    """Draft step ``j`` (1..k): write the previous token's draft KV, draft token j."""
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 1)
+    slots = table[rows, pos]
+    draft_kv[slots] = model.kv_rows(drafts[:b, j - 1], pos, m[:, RID])
+    drafts[:b, j] = model.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+
+
+def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
+    """Target over the input and the drafts (``width`` = k+1 positions): writes their
+    KV, computes the target token after each."""
+    m = meta[:b]
+    offs = torch.arange(width, device=kv.device)
+    pos = lens[:b].unsqueeze(1) + offs                       # [b, width]
+    rows = m[:, ROW].unsqueeze(1).expand(b, width)
+    slots = table[rows, pos]
+    rid = m[:, RID].unsqueeze(1).expand(b, width)
+    kv[slots.reshape(-1)] = model.kv_rows(drafts[:b, :width].reshape(-1), pos.reshape(-1),
+                                          rid.reshape(-1))
+    seeds = m[:, SEED].unsqueeze(1).expand(b, width).reshape(-1)
+    seeded = (m[:, SEEDED] == 1).unsqueeze(1).expand(b, width).reshape(-1)
+    t = model.target(kv, table, rows.reshape(-1), (pos + 1).reshape(-1), seeds, seeded)
+    tgt[:b, :width] = t.reshape(b, width)
+
+
+def accept(drafts, tgt, out_tok, out_acc, k, b):
+    """Greedy acceptance: the longest prefix of drafts equal to the target's tokens,
+    plus the bonus token. ``out_acc`` in 1..k+1; ``out_tok[:, :acc]`` committed."""
+    match = (drafts[:b, 1:k + 1] == tgt[:b, :k]).long()
+    out_acc[:b] = torch.cumprod(match, 1).sum(1) + 1
+    out_tok[:b, :k + 1] = tgt[:b, :k + 1]
+
+
+def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
+    """Bring the draft KV up to the new committed length: accepted inputs only."""
+    m = meta[:b]
+    offs = torch.arange(width, device=draft_kv.device)
+    pos = lens[:b].unsqueeze(1) + offs
+    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
+    slots = table[m[:, ROW].unsqueeze(1).expand(b, width), pos].reshape(-1)
+    rid = m[:, RID].unsqueeze(1).expand(b, width).reshape(-1)
+    new = model.kv_rows(drafts[:b, :width].reshape(-1), pos.reshape(-1), rid)
+    draft_kv[slots] = torch.where(keep.unsqueeze(1), new, draft_kv[slots])
+
+
+def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b):
+    """Publish the next step's input: the bonus token and the new committed length."""
+    rows, acc = meta[:b, ROW], out_acc[:b]
+    fm_tok[rows] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
+    fm_len[rows] = lens[:b] + acc
+
+
+def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
+    """No-spec decode: write the input's KV, sample one token."""
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b]
+    kv[table[rows, pos]] = model.kv_rows(drafts[:b, 0], pos, m[:, RID])
+    out_tok[:b, 0] = model.target(kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+    out_acc[:b] = 1

@@ -1,0 +1,183 @@
+"""The engine loop: one step = build and launch batch i, then process the result of
+batch i-1 (overlap) or of batch i itself (non-overlap: the same code, synchronous).
+
+Finishes are detected when a result is processed, so under overlap a finished request
+still rides the batch launched before its finish was known; that batch's result for
+it is dropped. Aborts only mark a request; it is torn down at once when it rides no
+unprocessed batch, else when the last such batch is processed.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict, Iterable, List, Optional, Set
+
+from . import events as E
+from .accounting import Memory
+from .buffers import DeviceState
+from .config import EngineConfig
+from .results import RequestResult, RunResult, summarize
+from .scheduler import Scheduler
+from .types import (ABORT, ABORTED, DECODE, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
+                    RUNNING, STOP, WAITING, Batch, Request, RequestSpec)
+from .worker import SpecWorker
+
+
+class EngineStuck(RuntimeError):
+    """The run exceeded its step bound (a request that never ends)."""
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None):
+        self.cfg, self.rt, self.observer = cfg, rt, observer
+        self.requests: Dict[int, Request] = {}
+        self.dev = DeviceState(rt, cfg, model.kv_width)
+        self.mem = Memory(cfg, self.dev, self._emit)
+        self.sched = Scheduler(cfg, self.mem, self.requests, self._emit)
+        self.worker = SpecWorker(self.dev, model, self.requests)
+        self.inflight: Deque[Batch] = deque()
+        self.iteration = 0
+        self.batches = 0
+        self._early_aborts: Set[int] = set()
+
+    def _emit(self, ev: E.Event) -> None:
+        if self.observer is not None:
+            self.observer(ev)
+
+    # -- input ---------------------------------------------------------------------------
+    def add(self, spec: RequestSpec) -> None:
+        if spec.rid in self.requests:
+            raise ValueError(f"duplicate request id {spec.rid}")
+        r = self.requests[spec.rid] = Request(spec)
+        self._emit(E.Arrived(self.iteration, -1, spec.rid))
+        if spec.rid in self._early_aborts:
+            self.abort(spec.rid)
+        else:
+            self.sched.enqueue(r)
+
+    def abort(self, rid: int) -> None:
+        """Mark ``rid`` aborted; tear it down now if no unprocessed batch carries it."""
+        r = self.requests.get(rid)
+        if r is None:
+            self._early_aborts.add(rid)
+            return
+        if r.done:
+            return
+        r.abort_requested = True
+        if not r.inflight:
+            self._teardown(r, ABORTED, ABORT, -1)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.sched.waiting or self.sched.admitted or self.inflight)
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self) -> None:
+        it = self.iteration
+        batch = self.sched.build(it, self.batches)
+        if batch is not None:
+            self.batches += 1
+            ops = self.worker.launch(batch)
+            self.inflight.append(batch)
+            self._emit(E.Launched(it, batch.bid, batch.kind, tuple(ops)))
+        keep = 1 if (self.cfg.overlap and batch is not None) else 0
+        while len(self.inflight) > keep:
+            self._process(self.inflight.popleft())
+        if self.idle:
+            self.mem.check_integrity(self.requests)
+            assert self.mem.is_full(), "idle engine with memory still held"
+        if self.observer is not None:
+            self._emit(E.StepEnd(it, batch.bid if batch else -1, self.snapshot()))
+        self.iteration += 1
+
+    def _process(self, batch: Batch) -> None:
+        it, bid = self.iteration, batch.bid
+        toks, accs = self.worker.collect(batch)
+        for e, t, a in zip(batch.entries, toks, accs):
+            r = self.requests[e.rid]
+            r.inflight.remove(bid)
+            live = r.state in (PREFILLING, RUNNING) and not r.abort_requested
+            if batch.kind == PREFILL:
+                if e.sample and live:
+                    self._append(r, t[:1], bid)
+                self._emit(E.Prefilled(it, bid, r.rid, t[0] if e.sample else -1, not live))
+            else:
+                r.unprocessed_decodes -= 1
+                index, kept = len(r.accept_lens), ()
+                if live:
+                    r.accept_lens.append(a)
+                    r.committed += a
+                    kept = self._append(r, t[:a], bid)
+                self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
+            if r.abort_requested and not r.inflight and not r.done:
+                self._teardown(r, ABORTED, ABORT, bid)
+        self.mem.on_processed(bid, it)
+
+    def _append(self, r: Request, tokens: Iterable[int], bid: int) -> tuple:
+        """Append accepted tokens, cut at a stop token or the length limit."""
+        limit = min(r.spec.max_new_tokens, self.cfg.max_context - len(r.spec.prompt))
+        kept = []
+        for tok in tokens:
+            r.output.append(tok)
+            kept.append(tok)
+            if tok in r.spec.stop_ids:
+                self._teardown(r, FINISHED, STOP, bid)
+                break
+            if len(r.output) >= limit:
+                self._teardown(r, FINISHED, LENGTH, bid)
+                break
+        return tuple(kept)
+
+    def _teardown(self, r: Request, state: str, reason: str, bid: int) -> None:
+        if state not in LEGAL[r.state]:
+            raise AssertionError(f"request {r.rid}: illegal transition {r.state} -> {state}")
+        r.state, r.finish_reason = state, reason
+        self.sched.forget(r)
+        if r.pages or r.row is not None:
+            self.mem.release(r, reason, self.iteration, bid)
+        cls = E.Finished if state == FINISHED else E.Aborted
+        args = (reason, tuple(r.output)) if state == FINISHED else (tuple(r.output),)
+        self._emit(cls(self.iteration, bid, r.rid, *args))
+
+    # -- observation -----------------------------------------------------------------------
+    def snapshot(self) -> E.Snapshot:
+        kv, ps = self.mem.kv, self.cfg.page_size
+        ledger = tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(kv.ledger().items()))
+        pending = tuple(sorted(s for b in kv.pending.values() for p in b for s in kv.slots(p)))
+        reqs = tuple(E.ReqState(r.rid, r.state, r.row, r.committed, len(r.pages) * ps,
+                                len(r.output), tuple(r.inflight))
+                     for r in sorted(self.requests.values(), key=lambda r: r.rid))
+        return E.Snapshot(
+            total=kv.total * ps, free=kv.free_pages * ps, owned=len(kv.owned) * ps,
+            pending=len(pending), ledger=ledger, pending_slots=pending, requests=reqs,
+            inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
+            idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs)
+
+    # -- a whole workload ------------------------------------------------------------------
+    def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
+        """Feed ``workload`` (arrivals and aborts by step) and step until all is done."""
+        arrivals: Dict[int, List[RequestSpec]] = {}
+        for spec in workload.requests:
+            arrivals.setdefault(spec.arrival, []).append(spec)
+        aborts: Dict[int, List[int]] = {}
+        for ab in workload.aborts:
+            aborts.setdefault(ab.step, []).append(ab.rid)
+        last = max(list(arrivals) + list(aborts) + [0])
+        bound = max_steps if max_steps is not None else last + 50 + 4 * sum(
+            len(s.prompt) + s.max_new_tokens for s in workload.requests)
+        while self.iteration <= last or not self.idle:
+            if self.iteration > bound:
+                live = sorted(r.rid for r in self.requests.values() if not r.done)
+                raise EngineStuck(f"still busy after {bound} steps; live requests {live[:10]}")
+            for spec in arrivals.get(self.iteration, ()):
+                self.add(spec)
+            for rid in aborts.get(self.iteration, ()):
+                self.abort(rid)
+            self.step()
+        return self.result()
+
+    def result(self) -> RunResult:
+        reqs = {rid: RequestResult(rid, tuple(r.output), r.finish_reason or "none",
+                                   tuple(r.accept_lens), r.retractions)
+                for rid, r in sorted(self.requests.items())}
+        return RunResult(reqs, summarize(reqs, self.iteration, self.batches, self.rt.syncs,
+                                         self.worker.declared_syncs, len(self.rt.reports)))

@@ -1,0 +1,150 @@
+"""KV memory: a paged token->KV allocator with an ownership ledger, and the
+request-pool row allocator. Plain Python; no device values.
+
+Pending-free rule: a torn-down request's pages that an unprocessed batch may still
+touch become *pending-free*, keyed by the newest such batch; they return to the free
+list when that batch's result is processed (``on_processed``). Pages of a request that
+rides no unprocessed batch are freed at once. Request-pool rows are freed at once:
+their reuse is ordered by the WAR barrier on the schedule stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from .config import EngineConfig
+from .types import BatchId, RequestId, Step
+
+PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE = "prefill", "decode", "draft"
+PURPOSES = (PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Ledger entry of a page (and of each of its slots)."""
+
+    rid: RequestId
+    purpose: str
+    step: Step
+
+
+class KVPool:
+    """Pages ``1..cfg.pages`` (page 0 is the padding page, never handed out)."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.page_size = cfg.page_size
+        self.total = cfg.pages
+        self.free: List[int] = list(range(self.total, 0, -1))  # a stack: lowest page first
+        self.owned: Dict[int, Owner] = {}
+        self.pending: Dict[BatchId, Dict[int, Owner]] = {}
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def free_pages(self) -> int:
+        return len(self.free)
+
+    @property
+    def pending_pages(self) -> int:
+        return sum(len(p) for p in self.pending.values())
+
+    def slots(self, page: int) -> range:
+        return range(page * self.page_size, (page + 1) * self.page_size)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    # -- check-then-act ------------------------------------------------------------------
+    def can_allocate(self, n: int) -> bool:
+        return 0 <= n <= len(self.free)
+
+    def allocate(self, n: int, rid: RequestId, purpose: str, step: Step) -> List[int]:
+        if not self.can_allocate(n):
+            raise MemoryError(f"allocate {n} pages for request {rid}: only {len(self.free)} free")
+        pages = [self.free.pop() for _ in range(n)]
+        for p in pages:
+            self.owned[p] = Owner(rid, purpose, step)
+        return pages
+
+    def release(self, pages: List[int], rid: RequestId, after: Optional[BatchId]) -> List[int]:
+        """Take ``rid``'s pages away from it: pending-free until batch ``after`` is
+        processed, or free now (``after`` None). Returns the pages freed now."""
+        for p in pages:
+            own = self.owned.get(p)
+            if own is None or own.rid != rid:
+                raise ValueError(f"release of page {p} by request {rid}: owned by {own}")
+        if after is not None:
+            bucket = self.pending.setdefault(after, {})
+            for p in pages:
+                bucket[p] = self.owned.pop(p)
+            return []
+        for p in pages:
+            del self.owned[p]
+        self.free.extend(reversed(pages))
+        return list(pages)
+
+    def on_processed(self, bid: BatchId) -> List[int]:
+        """Batch ``bid``'s result is processed: its pending-free pages become free."""
+        out: List[int] = []
+        for key in sorted(k for k in self.pending if k <= bid):
+            out.extend(self.pending.pop(key))
+        self.free.extend(reversed(out))
+        return out
+
+    # -- integrity ---------------------------------------------------------------------
+    def ledger(self) -> Dict[int, Owner]:
+        """slot -> owner, for owned and pending-free slots."""
+        out: Dict[int, Owner] = {}
+        for table in [self.owned] + list(self.pending.values()):
+            for p, own in table.items():
+                for s in self.slots(p):
+                    out[s] = own
+        return out
+
+    def check_integrity(self) -> None:
+        """free + owned + pending == total, each page in exactly one place, no padding page."""
+        seen: Dict[int, str] = {}
+        places = [("free", self.free), ("owned", self.owned)]
+        places += [(f"pending(batch {b})", pages) for b, pages in self.pending.items()]
+        for where, pages in places:
+            for p in pages:
+                if not 1 <= p <= self.total:
+                    raise AssertionError(f"page {p} in {where} is outside 1..{self.total}")
+                if p in seen:
+                    raise AssertionError(f"page {p} is both {seen[p]} and {where}")
+                seen[p] = where
+        if len(seen) != self.total:
+            raise AssertionError(f"pool accounts for {len(seen)} of {self.total} pages: "
+                                 f"free {len(self.free)}, owned {len(self.owned)}, "
+                                 f"pending {self.pending_pages}")
+
+
+class RowPool:
+    """Request-pool rows (request->token table rows, FutureMap rows)."""
+
+    def __init__(self, rows: int):
+        self.total = rows
+        self.free: List[int] = list(range(rows - 1, -1, -1))
+        self.owner: Dict[int, RequestId] = {}
+
+    def can_allocate(self) -> bool:
+        return bool(self.free)
+
+    def allocate(self, rid: RequestId) -> int:
+        if not self.free:
+            raise MemoryError(f"no free request-pool row for request {rid}")
+        row = self.free.pop()
+        self.owner[row] = rid
+        return row
+
+    def release(self, row: int, rid: RequestId) -> None:
+        if self.owner.get(row) != rid:
+            raise ValueError(f"release of row {row} by request {rid}: owned by {self.owner.get(row)}")
+        del self.owner[row]
+        self.free.append(row)
+
+    def check_integrity(self) -> None:
+        if set(self.free) & set(self.owner) or len(set(self.free)) != len(self.free):
+            raise AssertionError(f"row pool: free {sorted(self.free)} vs owned {sorted(self.owner)}")
+        if len(self.free) + len(self.owner) != self.total:
+            raise AssertionError(f"row pool accounts for {len(self.free) + len(self.owner)} "
+                                 f"of {self.total} rows")

@@ -1,0 +1,53 @@
+"""What a run returns: per-request records and a summary, derived from them."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, Tuple
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    rid: int
+    tokens: Tuple[int, ...]
+    finish_reason: str
+    accept_lens: Tuple[int, ...]
+    retractions: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    steps: int
+    batches: int
+    tokens: int
+    verifies: int
+    mean_accept_length: float
+    finished: int
+    aborts: int
+    retractions: int
+    host_syncs: int
+    declared_syncs: int
+    races: int
+
+
+@dataclass(frozen=True)
+class RunResult:
+    requests: Dict[int, RequestResult]
+    summary: Summary
+
+    def to_json(self) -> dict:
+        return {"requests": [asdict(self.requests[rid]) for rid in sorted(self.requests)],
+                "summary": asdict(self.summary)}
+
+
+def summarize(requests: Dict[int, RequestResult], steps: int, batches: int, syncs: int,
+              declared: int, races: int) -> Summary:
+    accs = [a for r in requests.values() for a in r.accept_lens]
+    return Summary(
+        steps=steps, batches=batches,
+        tokens=sum(len(r.tokens) for r in requests.values()),
+        verifies=len(accs),
+        mean_accept_length=round(sum(accs) / len(accs), 4) if accs else 0.0,
+        finished=sum(r.finish_reason not in ("abort",) for r in requests.values()),
+        aborts=sum(r.finish_reason == "abort" for r in requests.values()),
+        retractions=sum(r.retractions for r in requests.values()),
+        host_syncs=syncs, declared_syncs=declared, races=races)

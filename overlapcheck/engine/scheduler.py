@@ -1,0 +1,151 @@
+"""The scheduler: FCFS admission, chunked prefill, decode batches with a draft KV
+reserve, retraction under memory pressure. Host-side decisions only; it knows
+committed lengths as the host knows them (through processed results).
+
+A step's batch is a prefill batch when a prefill is in progress or a waiting request
+can be admitted, else a decode batch.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from . import events as E
+from .accounting import Memory
+from .config import EngineConfig
+from .memory import DECODE_PURPOSE, DRAFT_PURPOSE, PREFILL_PURPOSE
+from .types import DECODE, PREFILL, PREFILLING, RUNNING, WAITING, Batch, Entry, Request
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, mem: Memory, requests: Dict[int, Request], emit):
+        self.cfg, self.mem, self.requests, self.emit = cfg, mem, requests, emit
+        self.waiting: List[int] = []      # FCFS by (arrival, rid)
+        self.admitted: List[int] = []     # prefilling or running, in admission order
+        self.retractions = 0
+
+    # -- queues ---------------------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        key = (req.spec.arrival, req.rid)
+        i = 0
+        while i < len(self.waiting) and self._key(self.waiting[i]) < key:
+            i += 1
+        self.waiting.insert(i, req.rid)
+
+    def _key(self, rid: int):
+        r = self.requests[rid]
+        return (r.spec.arrival, r.rid)
+
+    def forget(self, req: Request) -> None:
+        for q in (self.waiting, self.admitted):
+            if req.rid in q:
+                q.remove(req.rid)
+
+    # -- decode reserve -------------------------------------------------------------------
+    def reserve_tokens(self, req: Request) -> int:
+        """Positions ``req`` must hold before its next decode: the device's committed
+        length is at most ``committed + step * unprocessed``; the decode writes ``step``
+        more."""
+        step = self.cfg.step_tokens
+        if self.cfg.draft_reserve == "double":
+            assert req.unprocessed_decodes <= 1, "double reserve assumes one batch of lag"
+            need = req.committed + 2 * step
+        else:
+            need = req.committed + step * (1 + req.unprocessed_decodes)
+        return min(need, self.cfg.row_width)
+
+    def _decodable(self) -> List[Request]:
+        reqs = (self.requests[rid] for rid in self.admitted)
+        return [r for r in reqs if r.state == RUNNING and not r.abort_requested]
+
+    # -- batch building -------------------------------------------------------------------
+    def build(self, it: int, bid: int) -> Optional[Batch]:
+        batch = self._prefill(it, bid)
+        if batch is None:
+            batch = self._decode(it, bid)
+        if batch is not None:
+            for e in batch.entries:
+                r = self.requests[e.rid]
+                r.inflight.append(bid)
+                if batch.kind == DECODE:
+                    r.unprocessed_decodes += 1
+            self.emit(E.Scheduled(it, bid, batch.kind, tuple(e.rid for e in batch.entries)))
+        return batch
+
+    def _prefill(self, it: int, bid: int) -> Optional[Batch]:
+        budget, entries, cells = self.cfg.chunk_size, [], []
+        for rid in self.admitted:
+            r = self.requests[rid]
+            if r.state == PREFILLING and not r.abort_requested and budget > 0:
+                budget -= self._chunk(r, budget, entries)
+        held = sum(self.mem.extra_pages(r, self.reserve_tokens(r)) for r in self._decodable())
+        while budget > 0 and self.waiting and len(self.admitted) < self.cfg.max_running:
+            r = self.requests[self.waiting[0]]
+            if r.inflight or not self.mem.rows.can_allocate():
+                break
+            toks = r.tokens if not r.output else r.tokens[:-1]
+            need = self.mem.kv.pages_for(len(toks) + 2 * self.cfg.step_tokens)
+            if not self.mem.kv.can_allocate(need + held):
+                break
+            self.waiting.pop(0)
+            self.admitted.append(r.rid)
+            r.state, r.prefill_len, r.prefilled = PREFILLING, len(toks), 0
+            self.mem.assign_row(r, it, bid)
+            cells += self.mem.grow(r, len(toks), PREFILL_PURPOSE, it, bid)
+            budget -= self._chunk(r, budget, entries)
+        if not entries:
+            return None
+        return self._batch(bid, it, PREFILL, entries, cells)
+
+    def _chunk(self, r: Request, budget: int, entries: List[Entry]) -> int:
+        """Add ``r``'s next prefill chunk; returns its length."""
+        n = min(budget, r.prefill_len - r.prefilled)
+        start = r.prefilled
+        last = start + n == r.prefill_len
+        toks = tuple(r.tokens[start:start + n])
+        sample = last and not r.output
+        nxt = r.output[-1] if (last and r.output) else -1
+        entries.append(Entry(r.rid, r.row, start, n, sample, last, nxt, toks))
+        r.prefilled += n
+        if last:
+            r.state, r.committed = RUNNING, r.prefill_len
+        return n
+
+    def _decode(self, it: int, bid: int) -> Optional[Batch]:
+        cands = self._decodable()
+        purpose = DRAFT_PURPOSE if self.cfg.spec else DECODE_PURPOSE
+        kv = self.mem.kv
+
+        def extra(r):
+            return self.mem.extra_pages(r, self.reserve_tokens(r))
+
+        while len(cands) > 1 and sum(map(extra, cands)) > kv.free_pages + kv.pending_pages:
+            victim = cands.pop()              # the newest admitted
+            self.retract(victim, it, bid)
+        entries, cells = [], []
+        for r in cands:
+            if kv.can_allocate(extra(r)):     # else it sits out until pending pages free
+                cells += self.mem.grow(r, self.reserve_tokens(r), purpose, it, bid)
+                entries.append(Entry(r.rid, r.row))
+        if not entries:
+            return None
+        return self._batch(bid, it, DECODE, entries, cells)
+
+    def _batch(self, bid: int, it: int, kind: str, entries: List[Entry], cells) -> Batch:
+        slots = {0}
+        for e in entries:
+            for p in self.requests[e.rid].pages:
+                slots.update(self.mem.kv.slots(p))
+        return Batch(bid, it, kind, entries, cells, frozenset(slots))
+
+    # -- retraction -----------------------------------------------------------------------
+    def retract(self, r: Request, it: int, bid: int) -> None:
+        """Send a running request back to waiting; its KV is freed (pending while an
+        unprocessed batch may touch it). It re-prefills its tokens later."""
+        self.admitted.remove(r.rid)
+        committed = r.committed
+        self.mem.release(r, "retract", it, bid)
+        r.state, r.committed, r.prefilled, r.prefill_len = WAITING, 0, 0, 0
+        r.retractions += 1
+        self.retractions += 1
+        self.enqueue(r)
+        self.emit(E.Retracted(it, bid, r.rid, committed))

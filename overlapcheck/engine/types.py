@@ -1,0 +1,109 @@
+"""Shared engine types: request specs, live requests and batches.
+
+Comments on ``Request`` fields say which component writes each one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+RequestId = int
+BatchId = int
+Step = int
+
+# Request states.
+WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
+    "waiting", "prefilling", "running", "finished", "aborted")
+STATES = (WAITING, PREFILLING, RUNNING, FINISHED, ABORTED)
+LEGAL = {  # state -> states it may move to
+    WAITING: (PREFILLING, ABORTED),
+    PREFILLING: (RUNNING, ABORTED),
+    RUNNING: (WAITING, FINISHED, ABORTED),   # running -> waiting: retraction
+    FINISHED: (),
+    ABORTED: (),
+}
+
+# Finish reasons.
+STOP, LENGTH, ABORT = "stop", "length", "abort"
+
+# Sampling modes.
+GREEDY, SEEDED = "greedy", "seeded"
+SAMPLING = (GREEDY, SEEDED)
+
+# Batch kinds.
+PREFILL, DECODE = "prefill", "decode"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One arrival of a workload: pure data."""
+
+    rid: RequestId
+    arrival: Step
+    prompt: Tuple[int, ...]
+    max_new_tokens: int
+    stop_ids: Tuple[int, ...] = ()
+    seed: int = 0
+    sampling: str = GREEDY
+
+
+@dataclass
+class Request:
+    """A live request. Writers: S = scheduler, P = result processing, L = loop."""
+
+    spec: RequestSpec
+    state: str = WAITING                                 # S, P, L
+    output: List[int] = field(default_factory=list)      # P: accepted tokens, cut at stop/length
+    accept_lens: List[int] = field(default_factory=list)  # P: one per processed verify
+    finish_reason: Optional[str] = None                  # P, L
+    abort_requested: bool = False                        # L
+    row: Optional[int] = None                            # S: request-pool row
+    pages: List[int] = field(default_factory=list)       # S: KV pages, in row order
+    committed: int = 0        # S/P: KV positions holding accepted tokens, as the host knows it
+    prefill_len: int = 0      # S: positions the current (re)prefill writes
+    prefilled: int = 0        # S: positions of that prefill already launched
+    inflight: List[BatchId] = field(default_factory=list)  # S/P: unprocessed batches it rides
+    unprocessed_decodes: int = 0                         # S/P
+    retractions: int = 0                                 # S
+
+    @property
+    def rid(self) -> RequestId:
+        return self.spec.rid
+
+    @property
+    def tokens(self) -> List[int]:
+        return list(self.spec.prompt) + self.output
+
+    @property
+    def done(self) -> bool:
+        return self.state in (FINISHED, ABORTED)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request's part of a batch. For a prefill: positions ``[start, start+n)``;
+    ``last``: the chunk ends the prefill; ``sample``: it also samples the first output token;
+    ``next_token``: for a re-prefill after retraction, the host-known next input."""
+
+    rid: RequestId
+    row: int
+    start: int = 0
+    n: int = 0
+    sample: bool = False
+    last: bool = False
+    next_token: int = -1
+    tokens: Tuple[int, ...] = ()
+
+
+@dataclass
+class Batch:
+    """A launched batch; ``cells`` are the request->token cells its schedule-stream
+    preparation writes: (row, position, slot)."""
+
+    bid: BatchId
+    iteration: Step
+    kind: str
+    entries: List[Entry]
+    cells: List[Tuple[int, int, int]] = field(default_factory=list)
+    slots_read: frozenset = frozenset()     # KV slots the forward may touch (host upper bound)
+    handles: object = None                  # device-side handles of the launch (worker)
