@@ -158,3 +158,28 @@ def test_unknown_names_are_errors():
         make_runtime("sim", strategy="chaos")
     with pytest.raises(ValueError, match="unknown access mode"):
         make_runtime("sim", access="guess")
+
+
+def test_race_on_a_row_that_kept_its_owner_is_not_reuse():
+    rt, s, f = _rt()
+    kv = rt.empty((8, 2), torch.float32, "kv_cache", f)
+    rt.transfer(kv, [4, 5], "req-A")
+    rt.launch(f, lambda k, i: k.index_select(0, i), kv.t, torch.tensor([4, 5]))
+    rt.launch(s, lambda k: k[4].fill_(1.0), kv.t)
+    rt.synchronize()
+    assert [r.kind for r in rt.reports] == ["stream-stream"]
+
+
+def test_index_rows_unseen_on_cuda_still_check_membership():
+    rt, s, f = _rt()
+    rt.exact_rows = False   # as on cuda: index values live on the device
+    kv = rt.empty((8, 2), torch.float32, "kv", f)
+    out = rt.empty((2, 2), torch.float32, "out", f)
+    rt.launch(f, lambda o, k, i: o.copy_(k.index_select(0, i)), out.t, kv.t,
+              torch.tensor([4, 5]), reads=[kv.rows([4, 5])], writes=[out])
+    f.synchronize()
+    assert not rt.reports
+    rt.launch(f, lambda k, i: k.index_fill_(0, i, 0.0), kv.t, torch.tensor([1]),
+              reads=[kv.rows([1])])
+    with pytest.raises(AnnotationError, match="declared only as read"):
+        f.synchronize()

@@ -198,13 +198,15 @@ class Runtime:
                 raise AnnotationError(f"launch '{name}' touched buffer '{buf.owner}', "
                                       f"which it did not declare")
             _, dr, dw = ent
-            allowed_w = dw
             allowed_r = None if (dr is None or dw is None) else (dr | dw)
-            for kind, used, allowed in (("wrote", w, allowed_w), ("read", r, allowed_r)):
-                if not used and used is not None:
+            read, written = acc.touched[mem]
+            for kind, touched, used, allowed in (("wrote", written, w, dw),
+                                                 ("read", read, r, allowed_r)):
+                if not touched or allowed is None:
                     continue
-                if allowed is None:
-                    continue
+                if not allowed:
+                    raise AnnotationError(f"launch '{name}' {kind} '{buf.owner}', which it "
+                                          f"declared only as {'read' if kind == 'wrote' else 'written'}")
                 if used is None or not used <= allowed:
                     seen = "all rows" if used is None else sorted(used - allowed)
                     raise AnnotationError(

@@ -7,7 +7,8 @@ buffer touches only its rows); an index op on a buffer counts as touching the wh
 buffer, because its indices live on the device. An annotation may narrow that
 (``buf.rows(...)``); on the sim, where indices are plain CPU tensors, ``exact`` mode
 also computes the rows index ops really touch, so the runtime can check that an
-annotation did not hide a real access.
+annotation did not hide a real access. On cuda the rows an index op touches cannot be
+seen without a sync: there only the buffer (and row-view geometry) is checked.
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class AccessSet:
     def __init__(self) -> None:
         self.by_mem: Dict[object, list] = {}
         self.exact: Dict[object, list] = {}
+        self.touched: Dict[object, List[bool]] = {}  # mem -> [read, written]
 
     @staticmethod
     def _merge(table: Dict[object, list], buf: Buffer, write: bool, rows: Rows) -> None:
@@ -95,6 +97,7 @@ class AccessSet:
     def add(self, buf: Buffer, write: bool, rows: Rows, exact: Rows) -> None:
         self._merge(self.by_mem, buf, write, rows)
         self._merge(self.exact, buf, write, exact)
+        self.touched.setdefault(buf.mem, [False, False])[1 if write else 0] = True
 
     def items(self):
         for buf, r, w in self.by_mem.values():
@@ -127,7 +130,7 @@ class InferMode(TorchDispatchMode):
             cls._schema_cache[func] = plan
         return plan
 
-    def _note(self, t, write: bool, index_rows: Optional[List[int]]) -> None:
+    def _note(self, t, write: bool, indexed: bool, index_rows: Optional[List[int]]) -> None:
         if not isinstance(t, torch.Tensor):
             return
         buf = self.lookup.get(t.untyped_storage().data_ptr())
@@ -135,7 +138,9 @@ class InferMode(TorchDispatchMode):
             return
         rows = geometry_rows(t, buf.t)
         exact = rows
-        if index_rows is not None and self.exact:
+        if indexed and not self.exact:
+            exact = frozenset()  # the rows hide in device indices: nothing to verify
+        elif index_rows is not None:
             first = 0 if rows is None else min(rows, default=0)
             if t.dim() > 0 and buf.t.dim() > 0 and t.stride(0) == buf.t.stride(0):
                 exact = frozenset(first + r for r in index_rows)
@@ -153,10 +158,10 @@ class InferMode(TorchDispatchMode):
                     index_rows = _index_values(args[pos_idx])
             for i, name, write in plan:
                 v = args[i] if i < len(args) else kwargs.get(name)
-                ir = index_rows if (index_op is not None and i == index_op[0]) else None
+                indexed = index_op is not None and i == index_op[0]
                 if isinstance(v, (list, tuple)):
                     for x in v:
-                        self._note(x, write, None)
+                        self._note(x, write, False, None)
                 else:
-                    self._note(v, write, ir)
+                    self._note(v, write, indexed, index_rows if indexed else None)
         return func(*args, **kwargs)

@@ -26,6 +26,7 @@ any others, and a conflict across owners is reported as ``reuse``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Hashable, Iterable, List, Optional
 
 from . import report as R
@@ -216,7 +217,7 @@ class Detector:
             after = not before and get(prev.clock, ctx) >= epoch
             if (write or prev.write) and not before and not after:
                 if found is None or prev.epoch >= found.previous.epoch:
-                    found = RaceReport(self._kind(prev, cur), m.name, both, cur, prev)
+                    found = self._report(m, both, cur, prev)
             # A record ordered before this access, covered by it, and no longer able
             # to race on its own (a write covers anything; a read covers reads).
             if before and _subset(prev.rows, rows) and (write or not prev.write):
@@ -227,6 +228,12 @@ class Detector:
         if found is not None:
             self.reports.append(found)
         return found
+
+    def _report(self, m: _Mem, rows: Rows, cur: Access, prev: Access) -> RaceReport:
+        # Ownership is judged on the rows both accesses touch, each at its issue time.
+        cur = replace(cur, owner=m.owner_of(rows, get(cur.clock, HOST)))
+        prev = replace(prev, owner=m.owner_of(rows, get(prev.clock, HOST)))
+        return RaceReport(self._kind(prev, cur), m.name, rows, cur, prev)
 
     @staticmethod
     def _kind(prev: Access, cur: Access) -> str:
