@@ -1,0 +1,101 @@
+"""What every checker shares: the violation object, the handler dispatch, the registry.
+
+A checker is a pure consumer. It is fed the engine's observer events one at a time
+(``feed``) and the end of the run (``finish``); it returns ``Violation`` objects and
+never raises on a finding, never mutates the engine and never touches the device.
+Handlers are methods named after the event class (``on_Allocated``), as in PyTorch's
+CUDA sanitizer: one handler per event kind; events without a handler are ignored.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Sequence
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A violated invariant. ``expected`` and ``seen`` are the two facts that
+    conflict; ``site`` identifies the bug for deduplication (checker + where)."""
+
+    checker: str
+    step: int
+    message: str
+    expected: str = ""
+    seen: str = ""
+    site: tuple = ()
+    details: Dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> tuple:
+        return (self.checker,) + tuple(self.site)
+
+    def __str__(self) -> str:
+        lines = [f"[{self.checker}] step {self.step}: {self.message}"]
+        if self.expected:
+            lines.append(f"  expected: {self.expected}")
+        if self.seen:
+            lines.append(f"  seen:     {self.seen}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"checker": self.checker, "step": self.step, "message": self.message,
+                "expected": self.expected, "seen": self.seen, "site": list(map(str, self.site)),
+                "details": {k: _plain(v) for k, v in self.details.items()}}
+
+
+def _plain(v):
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_plain(x) for x in (sorted(v) if isinstance(v, (set, frozenset)) else v)]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return str(v)
+
+
+class Checker:
+    """Base class: dispatch each event to ``on_<EventClass>``."""
+
+    name = "?"
+
+    def __init__(self) -> None:
+        self._handlers: Dict[type, object] = {}
+
+    def feed(self, event) -> List[Violation]:
+        cls = type(event)
+        h = self._handlers.get(cls)
+        if h is None:
+            h = getattr(self, "on_" + cls.__name__, False)
+            self._handlers[cls] = h
+        if not h:
+            return []
+        return h(event) or []
+
+    def finish(self) -> List[Violation]:
+        """The run ended; report what only the end can show."""
+        return []
+
+
+# checker name -> "module:Class"; each lives in its own module of this package.
+REGISTRY: Dict[str, str] = {}
+
+
+def make_checkers(names: Iterable[str] = ()) -> List[Checker]:
+    """Instantiate checkers by name (empty: all of them)."""
+    wanted = list(names) or list(REGISTRY)
+    unknown = [n for n in wanted if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown checker {unknown[0]!r} (choose from {', '.join(REGISTRY)})")
+    out = []
+    for n in wanted:
+        module, cls = REGISTRY[n].split(":")
+        out.append(getattr(importlib.import_module(module), cls)())
+    return out
+
+
+def feed_all(checkers: Sequence[Checker], event) -> List[Violation]:
+    out: List[Violation] = []
+    for c in checkers:
+        out.extend(c.feed(event))
+    return out
