@@ -11,10 +11,15 @@ import importlib
 import sys
 from typing import List, Optional
 
-# subcommand name -> module providing register(subparsers)
+# subcommand name -> module providing register(subparsers); a module may register
+# several subcommands, and is registered once
 COMMANDS = {
     "selftest": "overlapcheck.selftest.command",
     "run": "overlapcheck.engine.command",
+    "fuzz": "overlapcheck.fuzz.command",
+    "replay": "overlapcheck.repro.command",
+    "trace": "overlapcheck.repro.command",
+    "minimize": "overlapcheck.repro.command",
 }
 
 EXIT_USAGE = 2
@@ -36,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "speculative decoding engines.")
     p.add_argument("--version", action="version", version=f"overlapcheck {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in COMMANDS.items():
+    for module in dict.fromkeys(COMMANDS.values()):
         importlib.import_module(module).register(sub)
     return p
 

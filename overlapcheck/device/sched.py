@@ -15,7 +15,7 @@ callback (Hypothesis' data, so that shrinking minimizes the schedule too).
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 
 class Diverged(Exception):
@@ -136,6 +136,34 @@ class Buggify(Strategy):
     def describe(self):
         return {"strategy": self.name, "p_active": round(self.p_active, 4),
                 "p_fire": round(self.p_fire, 4)}
+
+
+class Stalls(Strategy):
+    """Eager, except that listed streams are stalled over listed choice points:
+    ``stalls`` holds ``(stream name, first point, end point)`` triples. Compact and
+    easy to shrink (drop a stall, shorten it): the fuzzer draws these from
+    Hypothesis, and an empty list is the eager schedule."""
+
+    name = "stalls"
+
+    def __init__(self, stalls: Sequence[Tuple[str, int, int]] = ()):
+        self.stalls = [(str(s), int(a), int(b)) for s, a, b in stalls]
+        self.point = -1
+        self.stalled: frozenset = frozenset()
+
+    def new_point(self):
+        self.point += 1
+        p = self.point
+        self.stalled = frozenset(s for s, a, b in self.stalls if a <= p < b)
+
+    def choose(self, n, ready, forced):
+        for i, s in enumerate(ready):
+            if s not in self.stalled:
+                return i if forced else i + 1
+        return 0
+
+    def describe(self):
+        return {"strategy": self.name, "stalls": [list(x) for x in self.stalls]}
 
 
 class Replay(Strategy):

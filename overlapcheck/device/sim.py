@@ -23,7 +23,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import torch
 
 from ..race import OpInfo
-from .api import Event, Runtime, Stream, check_space, user_frame
+from .api import Event, Runtime, Stream, StuckWait, check_space, user_frame
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 from .sched import Strategy
 
@@ -40,6 +40,25 @@ class _Op:
         self.fn, self.args, self.kwargs = fn, args, kwargs or {}
         self.clock, self.info, self.declared, self.bound = clock, info, declared, bound
         self.retired = False
+
+
+class HostFlag:
+    """A host-side flag that device work can wait on (``rt.wait_flag(stream, flag)``);
+    ``flag.set()`` is the host action that releases it. It models a device wait on a
+    later host action (a spin on pinned memory, a collective some rank has not joined):
+    a host synchronization that needs work behind an unset flag raises ``StuckWait``
+    instead of hanging. Sim only; it adds no happens-before edge of its own."""
+
+    __slots__ = ("name", "retired", "stream", "seq")
+
+    def __init__(self, name: str):
+        self.name, self.retired, self.stream, self.seq = name, False, None, -1
+
+    def set(self) -> None:
+        self.retired = True
+
+    def __repr__(self) -> str:
+        return f"HostFlag({self.name}, {'set' if self.retired else 'unset'})"
 
 
 class _Queue:
@@ -66,7 +85,9 @@ class SimRuntime(Runtime):
         self._mem = 0
         # (stream ctx, numel, dtype) -> freed blocks: (flat tensor, mem id, pledges)
         self._pool: Dict[Tuple, List[Tuple[torch.Tensor, int, List[Tuple[int, int]]]]] = {}
-        self.retired: List[Tuple[str, str]] = []  # (stream, op name) in retire order
+        self.calls = 0  # host runtime calls so far (the sim's logical clock)
+        # with ``trace``: (stream, op name, host call at which it retired), in order
+        self.retired: List[Tuple[str, str, int]] = []
         self.trace = False
 
     # -- choice points ---------------------------------------------------------------
@@ -93,6 +114,7 @@ class SimRuntime(Runtime):
 
     def _point(self) -> None:
         """A choice point: the strategy may retire ready stream heads."""
+        self.calls += 1
         if not self._pending:
             return
         self.strategy.new_point()
@@ -105,9 +127,10 @@ class SimRuntime(Runtime):
                 return
             self._retire(ready[c - 1])
 
-    def _drain(self, need: Dict[int, int]) -> None:
+    def _drain(self, need: Dict[int, int], why: str = "a blocking host call") -> None:
         """Retire exactly what must retire for every stream ``ctx`` to have retired its
-        first ``need[ctx]`` ops, including what those ops wait for."""
+        first ``need[ctx]`` ops, including what those ops wait for. Raises
+        ``StuckWait`` when that needs an unset host flag (``why``: the host wait)."""
         changed = True
         while changed:
             changed = False
@@ -118,6 +141,8 @@ class SimRuntime(Runtime):
                         break
                     if op.kind == WAIT and not op.bound.retired:
                         b = op.bound
+                        if b.stream is None:
+                            raise StuckWait(why, op.stream.name, b.name)
                         if need.get(b.stream.ctx, 0) < b.seq + 1:
                             need[b.stream.ctx] = b.seq + 1
                             changed = True
@@ -149,7 +174,7 @@ class SimRuntime(Runtime):
                            if src.mem != dst.mem else {src.mem: [src, None, None]})
         op.retired = True
         if self.trace:
-            self.retired.append((s.name, op.info.name if op.info else op.kind))
+            self.retired.append((s.name, op.info.name if op.info else op.kind, self.calls))
 
     def _enqueue(self, s: Stream, kind: str, **kw) -> _Op:
         q = self._q[s.ctx]
@@ -199,14 +224,15 @@ class SimRuntime(Runtime):
         rec = event.last
         if rec is None:
             return
-        self._drain({rec.stream.ctx: rec.seq + 1})
+        self._drain({rec.stream.ctx: rec.seq + 1}, f"host synchronize on event '{event.name}'")
         if self.det is not None:
             self.det.host_sync_event(event.id)
 
     def _sync_stream(self, stream: Stream) -> None:
         self._point()
         self.syncs += 1
-        self._drain({stream.ctx: self._q[stream.ctx].enq})
+        self._drain({stream.ctx: self._q[stream.ctx].enq},
+                    f"host synchronize on stream '{stream.name}'")
         if self.det is not None:
             self.det.host_sync_stream(stream.ctx)
 
@@ -214,9 +240,19 @@ class SimRuntime(Runtime):
         """Host waits for all device work."""
         self._point()
         self.syncs += 1
-        self._drain({s.ctx: self._q[s.ctx].enq for s in self.streams})
+        self._drain({s.ctx: self._q[s.ctx].enq for s in self.streams}, "host device synchronize")
         if self.det is not None:
             self.det.host_sync_all()
+
+    def new_flag(self, name: str) -> HostFlag:
+        """A host flag, unset (see ``HostFlag``)."""
+        return HostFlag(name)
+
+    def wait_flag(self, stream: Stream, flag: HostFlag) -> None:
+        """``stream``'s later work waits until the host sets ``flag``."""
+        self._point()
+        if not flag.retired:
+            self._enqueue(stream, WAIT, bound=flag, info=OpInfo(f"wait {flag.name}"))
 
     # -- buffers ---------------------------------------------------------------------
     def _fresh(self, shape, dtype, space: str) -> Tuple[torch.Tensor, int]:

@@ -1,0 +1,119 @@
+"""A fuzz case: everything one run needs, as plain data.
+
+A ``Case`` is an engine configuration, a workload, a schedule and the checkers to
+run. It round-trips through plain dicts (``to_dict``/``from_dict``), which is what a
+repro file stores; ``from_dict`` validates and raises ``CaseError`` (one line) on bad
+input.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Tuple
+
+from .. import seeds
+from ..device.sched import STRATEGIES, Stalls, Strategy, make_strategy
+from ..engine import EngineConfig, Workload, WorkloadError
+from ..engine import workload as W
+
+SCHEDULE_KINDS = STRATEGIES + ("stalls",)
+
+
+class CaseError(ValueError):
+    """A case (or repro) that does not fit the schema; one line."""
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """How the sim schedules device work: a named strategy with its seed, or explicit
+    ``stalls`` (``(stream, first point, end point)``) over the eager schedule."""
+
+    kind: str = "stalls"
+    seed: int = 0
+    stalls: Tuple[Tuple[str, int, int], ...] = ()
+
+    def make(self) -> Strategy:
+        if self.kind == "stalls":
+            return Stalls(self.stalls)
+        return make_strategy(self.kind, seeds.stream(self.seed, "schedule"))
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "seed": self.seed}
+        if self.kind == "stalls":
+            d["stalls"] = [list(x) for x in self.stalls]
+        return d
+
+    @staticmethod
+    def from_dict(d) -> "ScheduleSpec":
+        d = _mapping(d, "schedule", {"kind", "seed", "stalls"})
+        kind = d.get("kind", "stalls")
+        if kind not in SCHEDULE_KINDS:
+            raise CaseError(f"schedule.kind: must be one of {', '.join(SCHEDULE_KINDS)}, got {kind!r}")
+        seed = _int(d.get("seed", 0), "schedule.seed")
+        stalls = d.get("stalls", []) or []
+        if not isinstance(stalls, list):
+            raise CaseError("schedule.stalls: expected a list of [stream, first, end]")
+        out = []
+        for i, x in enumerate(stalls):
+            if (not isinstance(x, list) or len(x) != 3 or not isinstance(x[0], str)):
+                raise CaseError(f"schedule.stalls[{i}]: expected [stream, first, end]")
+            out.append((x[0], _int(x[1], f"schedule.stalls[{i}][1]"),
+                        _int(x[2], f"schedule.stalls[{i}][2]")))
+        return ScheduleSpec(kind, seed, tuple(out))
+
+
+@dataclass(frozen=True)
+class Case:
+    config: EngineConfig
+    workload: Workload
+    schedule: ScheduleSpec = ScheduleSpec()
+    checks: Tuple[str, ...] = ()          # empty: every checker
+    faults: Tuple[str, ...] = ()
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict:
+        return {"config": dataclasses.asdict(self.config),
+                "workload": W.dump(self.workload),
+                "schedule": self.schedule.to_dict(),
+                "checks": list(self.checks), "faults": list(self.faults), "seed": self.seed}
+
+    @staticmethod
+    def from_dict(d) -> "Case":
+        d = _mapping(d, "case", {"config", "workload", "schedule", "checks", "faults", "seed"})
+        for key in ("config", "workload"):
+            if key not in d:
+                raise CaseError(f"case: missing field {key!r}")
+        cfg_d = _mapping(d["config"], "config", {f.name for f in dataclasses.fields(EngineConfig)})
+        try:
+            cfg = EngineConfig(**cfg_d)
+        except (TypeError, ValueError) as e:
+            raise CaseError(f"config: {e}") from None
+        try:
+            wl = W.parse(d["workload"], cfg)
+        except WorkloadError as e:
+            raise CaseError(str(e)) from None
+        return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})),
+                    _names(d.get("checks", []), "checks"), _names(d.get("faults", []), "faults"),
+                    _int(d.get("seed", 0), "seed"))
+
+
+def _mapping(d, where: str, allowed) -> dict:
+    if not isinstance(d, dict):
+        raise CaseError(f"{where}: expected a mapping, got {type(d).__name__}")
+    unknown = sorted(set(map(str, d)) - set(allowed))
+    if unknown:
+        raise CaseError(f"{where}: unknown field {unknown[0]!r}")
+    return d
+
+
+def _int(v, where: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CaseError(f"{where}: expected a non-negative integer, got {v!r}")
+    return v
+
+
+def _names(v, where: str) -> Tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise CaseError(f"{where}: expected a list of names")
+    return tuple(v)

@@ -1,0 +1,111 @@
+"""``overlapcheck fuzz``: the main job.
+
+With no flags: a one-minute campaign on the simulated device with the oracle model,
+every checker on, repros written under ``overlapcheck-findings/``. Exit 0 when
+nothing was found, 1 when something was, 2 on a usage error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fuzz", help="fuzz the reference engine (the main job)",
+                       description=__doc__)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--time", type=float, metavar="SECONDS",
+                        help="time budget (default 60 s unless --examples is given)")
+    budget.add_argument("--examples", type=int, metavar="N", help="stop after N examples")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    p.add_argument("--device", default="sim", help="sim (default) or cuda")
+    p.add_argument("--model", default="oracle", help="model: oracle (default) or another known model")
+    p.add_argument("--draft", default=None, metavar="KIND",
+                   help="only this draft kind (default: every kind the engine has)")
+    p.add_argument("--check", default="", metavar="NAMES",
+                   help="comma-separated checkers (default: all)")
+    p.add_argument("--fault", action="append", default=[], metavar="NAME",
+                   help="turn a fault of the bug zoo on (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
+                   help="where repros and traces go (default overlapcheck-findings)")
+    p.add_argument("--db", default=None, metavar="DIR",
+                   help="Hypothesis example database folder (default: none)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _options(args):
+    from ..cli import UsageError
+    from ..engine import config as C
+    from .campaign import Options
+    if args.time is not None and args.time <= 0:
+        raise UsageError(f"--time must be positive, got {args.time}")
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.device not in ("sim", "cuda"):
+        raise UsageError(f"unknown device {args.device!r} (choose from sim, cuda)")
+    if args.model not in C.MODELS:
+        raise UsageError(f"unknown model {args.model!r} (choose from {', '.join(C.MODELS)})")
+    kinds = C.DRAFT_KINDS if args.draft is None else (args.draft,)
+    if args.draft is not None and args.draft not in C.DRAFT_KINDS:
+        raise UsageError(f"unknown draft kind {args.draft!r} (choose from {', '.join(C.DRAFT_KINDS)})")
+    checks = tuple(x for x in args.check.split(",") if x)
+    try:
+        from invariants.base import make_checkers
+        make_checkers(checks)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    faults = tuple(args.fault)
+    _check_faults(faults)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda needs a CUDA GPU and a CUDA build of torch")
+    seconds = args.time if args.time is not None else (None if args.examples else 60.0)
+    return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
+                   models=(args.model,), draft_kinds=tuple(kinds), checks=checks, faults=faults,
+                   out=args.out, db=args.db)
+
+
+def _check_faults(faults) -> None:
+    from ..cli import UsageError
+    if not faults:
+        return
+    try:
+        from ..faults import FAULTS
+    except ImportError:
+        raise UsageError(f"unknown fault {faults[0]!r} (this engine defines no faults yet)") from None
+    for f in faults:
+        if f not in FAULTS:
+            raise UsageError(f"unknown fault {f!r} (choose from {', '.join(sorted(FAULTS))})")
+
+
+def run(args) -> int:
+    from .campaign import stderr_progress
+    from .jobs import run_jobs
+    opts = _options(args)
+    opts.progress = None if args.json else stderr_progress
+    summary = run_jobs(opts, args.jobs)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_summary(summary)
+    return 1 if summary["findings"] else 0
+
+
+def _print_summary(s: dict) -> None:
+    print(f"fuzz ({s['device']}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
+          f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} steps/s), "
+          f"{len(s['findings'])} finding(s)")
+    for f in s["findings"]:
+        where = f" -> {f['repro']}" if f.get("repro") else ""
+        print(f"  {f['id']}: {f['text'].splitlines()[0]}{where}")
+        print(f"    found after {f['examples_before']} examples ({f['seconds_before']:.1f} s); "
+              f"minimized to {f['repro_requests']} request(s), {f['repro_steps']} steps")
+    if s["findings"] and s["findings"][0].get("repro"):
+        print(f"replay one with: overlapcheck replay {s['findings'][0]['repro']}")
+    sys.stdout.flush()

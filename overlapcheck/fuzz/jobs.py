@@ -1,0 +1,58 @@
+"""Run a campaign in one process or in several (``--jobs N``).
+
+Each job is an independent campaign with its own sub-seed (``derive(seed, "job",
+j)``); repro file names are content-addressed by (checker, site), so two jobs that
+find the same bug write the same file. The parent merges the summaries and
+deduplicates findings across jobs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import time
+
+from .. import seeds
+from .campaign import Campaign, Options, stderr_progress
+
+
+def _job(opts: Options, j: int, verbose: bool) -> dict:
+    import torch
+    torch.set_num_threads(1)
+    if verbose:
+        opts = dataclasses.replace(opts, progress=lambda line: stderr_progress(f"[job {j}] {line}"))
+    return Campaign(opts).run().summary()
+
+
+def _job_entry(args):
+    return _job(*args)
+
+
+def run_jobs(opts: Options, jobs: int) -> dict:
+    t0 = time.monotonic()
+    if jobs == 1:
+        s = Campaign(opts).run().summary()
+        s["jobs"] = 1
+        return s
+    verbose = opts.progress is not None
+    base = dataclasses.replace(opts, progress=None)
+    per = []
+    for j in range(jobs):
+        o = dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
+                                examples=None if opts.examples is None else -(-opts.examples // jobs),
+                                db=None if opts.db is None else f"{opts.db}/job{j}")
+        per.append((o, j, verbose))
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        parts = pool.map(_job_entry, per)
+    merged, seen = [], {}
+    for part in parts:
+        for f in part["findings"]:
+            old = seen.get(f["id"])
+            if old is None or f["seconds_before"] < old["seconds_before"]:
+                seen[f["id"]] = f
+    merged = sorted(seen.values(), key=lambda f: f["seconds_before"])
+    secs = time.monotonic() - t0
+    steps = sum(p["steps"] for p in parts)
+    return {"seed": opts.seed, "device": opts.device, "jobs": jobs,
+            "examples": sum(p["examples"] for p in parts), "steps": steps,
+            "seconds": round(secs, 2), "steps_per_second": round(steps / secs, 1) if secs else 0.0,
+            "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts), "findings": merged}

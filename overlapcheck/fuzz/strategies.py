@@ -1,0 +1,101 @@
+"""Hypothesis strategies for fuzz cases, swarm style.
+
+Each example first draws its *features* (aborts on or off, stop tokens, seeded
+sampling, a tight pool that forces retraction, overlap, spec) and then a config, a
+workload and a schedule under them, so different examples stress different
+mixtures. The schedule is part of the drawn data: by default explicit stalls of
+named streams over choice points (the empty list is the eager schedule), so that
+shrinking minimizes the workload *and* the schedule together; sometimes a seeded
+random, PCT or BUGGIFY strategy for breadth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from hypothesis import strategies as st
+
+from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
+from ..engine.config import RESERVE_RULES
+from ..engine.types import GREEDY, SEEDED
+from .case import Case, ScheduleSpec
+
+STREAMS = ("schedule", "forward", "copy")
+VOCAB = 64
+
+
+@dataclass(frozen=True)
+class Features:
+    aborts: bool
+    stops: bool
+    seeded: bool
+    tight_pool: bool
+    overlap: bool
+    spec: bool
+
+
+@st.composite
+def features(draw) -> Features:
+    b = st.booleans()
+    return Features(aborts=draw(b), stops=draw(b), seeded=draw(b), tight_pool=draw(b),
+                    overlap=draw(st.sampled_from((True, True, True, False))),
+                    spec=draw(st.sampled_from((True, True, True, False))))
+
+
+@st.composite
+def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
+            draft_kinds: Sequence[str] = ("standalone",)) -> EngineConfig:
+    page = draw(st.sampled_from((1, 1, 2, 4)))
+    k = draw(st.integers(1, 4))
+    margin = 2 * (k + 1)
+    ctx = draw(st.integers(8, 40))
+    row = -(-(margin + ctx) // page) * page
+    rows = draw(st.integers(1, 2)) if feat.tight_pool else draw(st.integers(3, 8))
+    pool = page + row * rows + page * draw(st.integers(0, 3))
+    return EngineConfig(
+        page_size=page, pool_tokens=pool, row_width=row,
+        max_running=draw(st.integers(1, 6)), chunk_size=draw(st.integers(2, 32)),
+        spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
+        overlap=feat.overlap, spec=feat.spec,
+        draft_kind=draw(st.sampled_from(tuple(draft_kinds))),
+        model=draw(st.sampled_from(tuple(models))))
+
+
+@st.composite
+def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
+    n = draw(st.integers(1, 8))
+    step, reqs, aborts = 0, [], []
+    max_prompt = min(16, cfg.max_context - 1)
+    for rid in range(n):
+        step += draw(st.integers(0, 3))
+        prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_prompt)))
+        stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=2))) if feat.stops else ()
+        seeded = feat.seeded and draw(st.booleans())
+        reqs.append(RequestSpec(rid, step, prompt, draw(st.integers(1, 24)), stop,
+                                draw(st.integers(0, 2 ** 16)) if seeded else 0,
+                                SEEDED if seeded else GREEDY))
+        if feat.aborts and draw(st.booleans()):
+            aborts.append(AbortAt(rid, step + draw(st.integers(0, 20))))
+    return Workload(tuple(reqs), tuple(aborts))
+
+
+@st.composite
+def schedules(draw) -> ScheduleSpec:
+    kind = draw(st.sampled_from(("stalls", "stalls", "stalls", "random", "pct", "buggify")))
+    if kind != "stalls":
+        return ScheduleSpec(kind, draw(st.integers(0, 2 ** 32 - 1)))
+    stalls = draw(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400),
+                                     st.integers(1, 60)), max_size=6))
+    return ScheduleSpec("stalls", 0, tuple((s, a, a + d) for s, a, d in stalls))
+
+
+@st.composite
+def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
+          models: Sequence[str] = ("oracle",), draft_kinds: Sequence[str] = ("standalone",),
+          config: EngineConfig = None) -> Case:
+    """A whole fuzz case. ``config`` pins the engine configuration (the pytest
+    fixture's "fuzz my config" mode); otherwise it is drawn too."""
+    feat = draw(features())
+    cfg = config if config is not None else draw(configs(feat, models, draft_kinds))
+    return Case(cfg, draw(workloads(cfg, feat)), draw(schedules()), tuple(checks),
+                tuple(faults), draw(st.integers(0, 2 ** 16)))

@@ -1,0 +1,95 @@
+"""``overlapcheck replay``, ``overlapcheck trace`` and ``overlapcheck minimize``."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def register(sub) -> None:
+    p = sub.add_parser("replay", help="replay a repro file exactly",
+                       description="Replay a repro: exit 1 reproduced, 0 no violation any more, "
+                                   "3 diverged (the run no longer follows the recorded choices), "
+                                   "2 bad input.")
+    p.add_argument("file", metavar="FILE.yaml")
+    p.add_argument("--emit-pytest", metavar="TEST.py",
+                   help="also write a regression test that replays FILE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_replay)
+
+    p = sub.add_parser("trace", help="write the Chrome/Perfetto trace of a repro",
+                       description="Replay a repro and write a Chrome/Perfetto trace JSON of "
+                                   "its streams per step.")
+    p.add_argument("file", metavar="FILE.yaml")
+    p.add_argument("-o", "--output", metavar="OUT.json",
+                   help="output path (default: FILE with .trace.json)")
+    p.set_defaults(func=run_trace)
+
+    p = sub.add_parser("minimize", help="delta-debug a repro to a smaller one",
+                       description="Shrink a repro's workload (requests, aborts, prompts, "
+                                   "lengths) while its finding still shows; for repros that "
+                                   "did not come from Hypothesis, e.g. from a GPU run.")
+    p.add_argument("file", metavar="FILE.yaml")
+    p.add_argument("-o", "--output", metavar="OUT.yaml",
+                   help="output path (default: FILE with .min.yaml)")
+    p.add_argument("--max-runs", type=int, default=400, metavar="N",
+                   help="engine runs at most (default 400)")
+    p.set_defaults(func=run_minimize)
+
+
+def _load(path):
+    from ..cli import UsageError
+    from .format import ReproError, load
+    try:
+        return load(path)
+    except ReproError as e:
+        raise UsageError(str(e)) from None
+
+
+def run_replay(args) -> int:
+    from .replay import emit_pytest, replay
+    from .format import write_atomic
+    r = _load(args.file)
+    res = replay(r)
+    if args.emit_pytest:
+        write_atomic(args.emit_pytest, emit_pytest(r, args.file))
+    if args.json:
+        print(json.dumps({"verdict": res.verdict, "exit": res.exit_code, "detail": res.detail,
+                          "finding": r.finding.ident, "digest_match": res.digest_match}))
+    else:
+        print(f"{res.verdict}: {r.finding.ident} ({r.finding.checker})")
+        if res.detail:
+            print("  " + res.detail.replace("\n", "\n  "))
+        if res.verdict != "diverged":
+            print(f"  trace digest {'matches' if res.digest_match else 'differs from'} the repro's")
+    return res.exit_code
+
+
+def run_trace(args) -> int:
+    from ..fuzz.execute import run_case
+    from .trace import write_trace
+    r = _load(args.file)
+    out = run_case(r.case, choices=r.choices)
+    path = args.output or os.path.splitext(args.file)[0] + ".trace.json"
+    write_trace(out, path)
+    print(f"wrote {path} ({len(out.retired)} device ops, {out.steps} steps)")
+    return 0
+
+
+def run_minimize(args) -> int:
+    from ..cli import UsageError
+    from .format import save
+    from .minimize import minimize
+    if args.max_runs < 1:
+        raise UsageError(f"--max-runs must be at least 1, got {args.max_runs}")
+    r = _load(args.file)
+    small, runs = minimize(r, args.max_runs)
+    if small is None:
+        print(f"the finding {r.finding.ident} does not show when the repro's case is run "
+              f"on the sim with its schedule spec: nothing to minimize")
+        return 3
+    path = args.output or os.path.splitext(args.file)[0] + ".min.yaml"
+    save(small, path)
+    w0, w1 = r.case.workload, small.case.workload
+    print(f"minimized in {runs} runs: {len(w0.requests)} -> {len(w1.requests)} requests, "
+          f"{r.steps} -> {small.steps} steps; wrote {path}")
+    return 0

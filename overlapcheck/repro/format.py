@@ -1,0 +1,167 @@
+"""The repro file: schema-versioned YAML, written atomically, loaded safely.
+
+A repro holds everything needed to reproduce one finding from the file alone: the
+case (config, workload, schedule, checkers, faults, seed), the recorded schedule
+choices, the finding, the trace digest of the run, and the overlapcheck version and
+commit that wrote it. Files are read with ``yaml.safe_load`` only (no tags construct
+objects) and validated; anything else is a ``ReproError`` with a one-line message.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import List, Optional
+
+import yaml
+
+from .. import __version__
+from ..fuzz.case import Case, CaseError
+from ..fuzz.execute import Finding
+
+SCHEMA = 1
+MAX_BYTES = 16 << 20
+_TOP = {"schema", "overlapcheck", "commit", "device", "case", "choices", "finding", "digest",
+        "steps", "requests", "note"}
+
+
+class ReproError(ValueError):
+    """A repro file that cannot be read or does not fit the schema; one line."""
+
+
+@dataclass
+class Repro:
+    case: Case
+    choices: Optional[List[int]]
+    finding: Finding
+    digest: str
+    device: str = "sim"
+    steps: int = 0
+    commit: str = ""
+    version: str = __version__
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "overlapcheck": self.version, "commit": self.commit,
+                "device": self.device, "note": self.note, "finding": self.finding.to_dict(),
+                "digest": self.digest, "steps": self.steps,
+                "requests": len(self.case.workload.requests),
+                "case": self.case.to_dict(), "choices": self.choices}
+
+
+def current_commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def dumps(r: Repro) -> str:
+    return yaml.safe_dump(r.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a crash) sees either the old
+    file or the whole new one: a temporary file in the same folder, fsync, rename."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def save(r: Repro, path: str) -> None:
+    write_atomic(path, dumps(r))
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ReproError(msg)
+
+
+def parse(doc) -> Repro:
+    _need(isinstance(doc, dict), f"not a repro: expected a mapping at the top, got {type(doc).__name__}")
+    unknown = sorted(set(map(str, doc)) - _TOP)
+    _need(not unknown, f"unknown field {unknown[0]!r}" if unknown else "")
+    _need(doc.get("schema") == SCHEMA,
+          f"unsupported schema {doc.get('schema')!r} (this overlapcheck reads schema {SCHEMA})")
+    for key in ("case", "finding"):
+        _need(key in doc, f"missing field {key!r}")
+    try:
+        case = Case.from_dict(doc["case"])
+    except CaseError as e:
+        raise ReproError(str(e)) from None
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise ReproError(f"case: malformed ({type(e).__name__}: {e})".splitlines()[0]) from None
+    choices = doc.get("choices")
+    _need(choices is None or (isinstance(choices, list) and all(
+        isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in choices)),
+        "choices: expected a list of non-negative integers")
+    f = doc["finding"]
+    _need(isinstance(f, dict) and isinstance(f.get("checker"), str)
+          and isinstance(f.get("site"), list) and isinstance(f.get("step", 0), int)
+          and isinstance(f.get("text", ""), str)
+          and isinstance(f.get("data", {}) or {}, dict),
+          "finding: expected checker (text), site (list), step (integer), text")
+    finding = Finding(f["checker"], tuple(map(str, f["site"])), int(f.get("step", 0)),
+                      f.get("text", ""), dict(f.get("data") or {}))
+    device = doc.get("device", "sim")
+    _need(device in ("sim", "cuda"), f"device: must be sim or cuda, got {device!r}")
+    for key in ("digest", "commit", "overlapcheck", "note"):
+        _need(isinstance(doc.get(key, ""), str), f"{key}: expected text")
+    _need(isinstance(doc.get("steps", 0), int), "steps: expected an integer")
+    return Repro(case, choices, finding, doc.get("digest", ""), device,
+                 doc.get("steps", 0), doc.get("commit", ""), doc.get("overlapcheck", ""),
+                 doc.get("note", ""))
+
+
+def loads(text: str) -> Repro:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ReproError(f"not valid YAML{at}: {getattr(e, 'problem', None) or type(e).__name__}") from None
+    except (ValueError, TypeError, RecursionError) as e:  # odd scalars, deep nesting
+        raise ReproError(f"not valid YAML: {type(e).__name__}") from None
+    return parse(doc)
+
+
+def load(path: str) -> Repro:
+    try:
+        size = os.path.getsize(path)
+        _need(size <= MAX_BYTES, f"{path}: {size} bytes is larger than a repro may be")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ReproError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReproError(f"{path}: not UTF-8 text") from None
+    try:
+        return loads(text)
+    except ReproError as e:
+        raise ReproError(f"{path}: {e}") from None

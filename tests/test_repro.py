@@ -1,0 +1,121 @@
+"""Repro files: round trip, safe loading of hostile input, replay verdicts."""
+import functools
+import os
+import subprocess
+import sys
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.fuzz import Case, Finding, ScheduleSpec, run_case
+from overlapcheck.repro import Repro, ReproError, load, loads, replay, save
+from overlapcheck.repro.format import dumps
+
+CFG = EngineConfig(pool_tokens=256, row_width=64, max_running=4)
+
+
+def _repro(schedule=ScheduleSpec("random", 3), n=4) -> Repro:
+    case = Case(CFG, generate(5, n, CFG), schedule)
+    out = run_case(case)
+    fake = Finding("lifecycle", ("planted",), 3, "[lifecycle] planted")
+    return Repro(case, out.choices, fake, out.digest, steps=out.steps)
+
+
+def test_round_trip(tmp_path):
+    r = _repro()
+    path = str(tmp_path / "r.yaml")
+    save(r, path)
+    back = load(path)
+    assert back.case == r.case and back.choices == r.choices
+    assert back.finding.key == r.finding.key and back.digest == r.digest
+
+
+def test_replay_verdicts(tmp_path):
+    r = _repro()
+    res = replay(r)
+    assert res.verdict == "fixed" and res.digest_match        # the planted finding is absent
+    r.choices = r.choices[:-3]
+    assert replay(r).verdict == "diverged"
+    r.choices = r.choices + [0] * 50
+    assert replay(r).verdict == "diverged"
+
+
+def test_cli_replay_exit_codes(tmp_path):
+    r = _repro()
+    path = str(tmp_path / "r.yaml")
+    save(r, path)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "overlapcheck", *a],
+                                    capture_output=True, text=True)
+    ok = run("replay", path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    r.choices = r.choices[:5]
+    save(r, path)
+    assert run("replay", path).returncode == 3
+    trace = run("trace", path, "-o", str(tmp_path / "t.json"))
+    assert trace.returncode == 0 and os.path.exists(tmp_path / "t.json")
+
+
+def _one_line_exit_2(path):
+    p = subprocess.run([sys.executable, "-m", "overlapcheck", "replay", path],
+                       capture_output=True, text=True)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    return p.stderr
+
+
+def test_hostile_files_exit_2_one_line(tmp_path):
+    good = dumps(_repro())
+    cases = {
+        "empty": "",
+        "garbage": "\x00\x01\x02 not yaml: [",
+        "tag": "!!python/object/apply:os.system ['touch " + str(tmp_path / "pwned") + "']",
+        "truncated": good[: len(good) // 2],
+        "schema": good.replace("schema: 1", "schema: 99"),
+        "unknown": good + "surprise: 1\n",
+        "negative": good.replace("max_new_tokens: ", "max_new_tokens: -", 1),
+    }
+    for name, text in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        _one_line_exit_2(str(path))
+    assert not (tmp_path / "pwned").exists()
+    _one_line_exit_2(str(tmp_path / "missing.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _good_text():
+    return dumps(_repro(n=2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_loader_never_tracebacks_or_executes(data):
+    """Random and corrupted YAML, and YAML tags that would construct objects: the
+    loader gives a Repro or a ReproError, nothing else."""
+    good = _good_text()
+    kind = data.draw(st.sampled_from(["mutate", "random", "tag", "splice"]))
+    if kind == "mutate":
+        i = data.draw(st.integers(0, len(good) - 1))
+        text = good[:i] + data.draw(st.text(max_size=8)) + good[i + data.draw(st.integers(0, 8)):]
+    elif kind == "random":
+        text = data.draw(st.text(max_size=200))
+    elif kind == "tag":
+        tag = data.draw(st.sampled_from(["!!python/object/apply:os.system", "!!python/name:os.system",
+                                         "!!python/object:overlapcheck.fuzz.Case", "!!binary",
+                                         "!!set", "!custom"]))
+        text = good.replace("choices:", f"choices: {tag} ", 1)
+    else:
+        doc = yaml.safe_load(good)
+        path = data.draw(st.sampled_from(["case", "finding", "choices", "schema"]))
+        doc[path] = data.draw(st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                                        st.lists(st.integers(), max_size=3),
+                                        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+        text = yaml.safe_dump(doc)
+    try:
+        r = loads(text)
+    except ReproError as e:
+        assert "\n" not in str(e)
+    else:
+        assert isinstance(r, Repro)
