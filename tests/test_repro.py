@@ -57,15 +57,15 @@ def test_cli_replay_exit_codes(tmp_path):
     assert trace.returncode == 0 and os.path.exists(tmp_path / "t.json")
 
 
-def _one_line_exit_2(path):
-    p = subprocess.run([sys.executable, "-m", "overlapcheck", "replay", path],
-                       capture_output=True, text=True)
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
-    return p.stderr
+def _one_line_exit_2(path, capsys):
+    from overlapcheck.cli import main
+    assert main(["replay", path]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
 
 
-def test_hostile_files_exit_2_one_line(tmp_path):
+def test_hostile_files_exit_2_one_line(tmp_path, capsys):
     good = dumps(_repro())
     cases = {
         "empty": "",
@@ -79,9 +79,12 @@ def test_hostile_files_exit_2_one_line(tmp_path):
     for name, text in cases.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(text)
-        _one_line_exit_2(str(path))
+        _one_line_exit_2(str(path), capsys)
     assert not (tmp_path / "pwned").exists()
-    _one_line_exit_2(str(tmp_path / "missing.yaml"))
+    _one_line_exit_2(str(tmp_path / "missing.yaml"), capsys)
+    p = subprocess.run([sys.executable, "-m", "overlapcheck", "replay", str(tmp_path / "tag.yaml")],
+                       capture_output=True, text=True)   # the same through a fresh process
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
 @functools.lru_cache(maxsize=None)

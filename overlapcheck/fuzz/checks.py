@@ -34,6 +34,10 @@ class CheckSession:
         from .execute import Finding
         self.add(Finding("liveness", ("engine-stuck",), step, f"[liveness] step {step}: {message}"))
 
+    def current(self) -> List:
+        """Findings so far."""
+        return list(self._found.values())
+
     def finish(self, result: Optional[object]) -> List:
         for c in self.checkers:
             for v in c.finish():
