@@ -42,7 +42,8 @@ class Options:
 
 @dataclass
 class Stats:
-    examples: int = 0
+    examples: int = 0      # generated examples
+    shrink_runs: int = 0   # engine runs spent shrinking findings
     steps: int = 0
     runs: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -112,7 +113,10 @@ class Campaign:
             if not failing and self._spent():
                 return
             out = run_case(case, device=o.device)
-            self.stats.examples += 1
+            if failing:  # a shrink step of this run's finding
+                self.stats.shrink_runs += 1
+            else:
+                self.stats.examples += 1
             self.stats.steps += out.steps
             self._progress()
             fresh = [f for f in out.findings if f.key not in self.found]
@@ -161,7 +165,7 @@ class Campaign:
         return {"seed": self.opts.seed, "device": self.opts.device, "examples": s.examples,
                 "steps": s.steps, "seconds": round(s.seconds, 2),
                 "steps_per_second": round(s.steps / s.seconds, 1) if s.seconds else 0.0,
-                "hypothesis_runs": s.runs,
+                "hypothesis_runs": s.runs, "shrink_runs": s.shrink_runs,
                 "findings": [{"id": x.finding.ident, "checker": x.finding.checker,
                               "site": list(x.finding.site), "step": x.finding.step,
                               "repro": x.repro, "examples_before": x.examples_before,

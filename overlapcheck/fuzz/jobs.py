@@ -55,4 +55,5 @@ def run_jobs(opts: Options, jobs: int) -> dict:
     return {"seed": opts.seed, "device": opts.device, "jobs": jobs,
             "examples": sum(p["examples"] for p in parts), "steps": steps,
             "seconds": round(secs, 2), "steps_per_second": round(steps / secs, 1) if secs else 0.0,
-            "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts), "findings": merged}
+            "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts),
+            "shrink_runs": sum(p["shrink_runs"] for p in parts), "findings": merged}
