@@ -1,5 +1,5 @@
-"""Determinism across processes: one sim program and one seed, run 20 times in fresh
-interpreters (each with its own hash seed), record the same choices and outcome;
+"""Determinism across processes: one sim program and one seed, run 20 times (4 in
+the default tier) in fresh interpreters (each with its own hash seed), record the same choices and outcome;
 another seed explores another interleaving."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-RUNS = 20
+import pytest
 
 
 def _run(seed: int, hash_seed: int) -> dict:
@@ -19,9 +19,12 @@ def _run(seed: int, hash_seed: int) -> dict:
     return json.loads(out.stdout)
 
 
-def test_same_seed_same_choices_and_outcome_in_20_processes():
+@pytest.mark.parametrize("runs", [
+    pytest.param(4, id="4-processes"),
+    pytest.param(20, id="20-processes", marks=pytest.mark.nightly)])
+def test_same_seed_same_choices_and_outcome_across_processes(runs):
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        runs = list(pool.map(lambda i: _run(7, i), range(RUNS)))
+        runs = list(pool.map(lambda i: _run(7, i), range(runs)))
     first = runs[0]
     assert len(first["choices"]) > 5
     for r in runs[1:]:
