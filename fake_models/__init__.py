@@ -1,11 +1,33 @@
-"""Deterministic fake models for overlapcheck's reference engine."""
-from .oracle import OracleModel
+"""Deterministic fake models for overlapcheck's reference engine.
 
-__all__ = ["OracleModel", "make_model"]
+A model is a target/draft *pair* the engine's kernels call (all tensors on the device
+of the buffers they are given):
+
+* ``kv_width``, ``draft_kv_width``, ``kv_dtype``: the KV row of a slot;
+  ``hidden_width``, ``hidden_dtype``: the target hidden state EAGLE/MTP heads take;
+* ``write_kv`` / ``write_draft_kv(kv, table, rows, pos, toks, rids, keep=None)``: store
+  the KV of new tokens (causally within the call), only where ``keep``;
+* ``target`` / ``draft(kv, table, rows, ctx_lens, seeds, seeded)``: the token at
+  position ``ctx_len`` from the KV of positions ``0..ctx_len-1`` (read through the
+  request->token table);
+* ``target_hidden(kv, table, rows, ctx_lens)``: the hidden state behind that token;
+* ``head("eagle" | "mtp")``: the EAGLE-style head or the frozen-KV MTP draft.
+
+Models: ``oracle`` (integer hashes; ``oracle_heads``) and ``tiny`` (a small RoPE
+transformer over the paged KV; ``tiny``, ``tiny_heads``, ``tiny_ops``).
+"""
+from .oracle import OracleModel
+from .tiny import TinyModel
+
+MODELS = ("oracle", "tiny")
+
+__all__ = ["OracleModel", "TinyModel", "MODELS", "make_model"]
 
 
 def make_model(name: str, **kw):
-    """A model by name (``oracle``; the tiny transformer comes later)."""
+    """A model by name (``oracle`` or ``tiny``)."""
     if name == "oracle":
         return OracleModel(**kw)
-    raise ValueError(f"unknown model {name!r} (choose from oracle)")
+    if name == "tiny":
+        return TinyModel(**kw)
+    raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)})")

@@ -32,16 +32,25 @@ def mix(x: torch.Tensor, *ys) -> torch.Tensor:
     return x
 
 
+def term(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A token's contribution to the context hash at its position."""
+    return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
+
+
 class OracleModel:
     """Stateless: all state is in the KV buffers and the table it is given."""
 
     name = "oracle"
-    kv_width = KV_WIDTH
+    kv_width = draft_kv_width = KV_WIDTH
+    kv_dtype = torch.int64
+    hidden_width = 1                 # the raw context hash
+    hidden_dtype = torch.int64
 
     def __init__(self, vocab: int = 64, agreement: int = 70, salt: int = 0):
         if vocab < 2 or not 0 <= agreement <= 100:
             raise ValueError(f"oracle needs vocab >= 2 and agreement in 0..100, got {vocab}, {agreement}")
         self.vocab, self.agreement, self.salt = vocab, agreement, salt
+        self._heads = {}
 
     # -- KV -----------------------------------------------------------------------------
     @staticmethod
@@ -50,18 +59,44 @@ class OracleModel:
         return torch.stack([tokens, positions, rids], dim=-1)
 
     @staticmethod
-    def context_hash(kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
-                     ctx_lens: torch.Tensor) -> torch.Tensor:
-        """Per query q: hash of the tokens in KV slots ``table[rows[q], 0:ctx_lens[q]]``."""
+    def raw_hash(kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                 ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Per query q: the additive hash of the tokens in KV slots
+        ``table[rows[q], 0:ctx_lens[q]]`` (the oracle's hidden state; extending it by one
+        token is ``(h + term(token, position)) % M``)."""
         width = table.shape[1]
         pos = torch.arange(width, device=table.device)
         mask = pos.unsqueeze(0) < ctx_lens.unsqueeze(1)
         slots = torch.where(mask, table[rows], 0)     # masked cells read the padding slot
-        toks = kv[:, TOK][slots]
-        weights = (pos * 40503 + 17) % M + 1
-        terms = ((toks % M) * weights) % M
-        h = torch.where(mask, terms, 0).sum(1) % M
-        return mix(h, ctx_lens)
+        terms = term(kv[:, TOK][slots], pos)
+        return torch.where(mask, terms, 0).sum(1) % M
+
+    @staticmethod
+    def context_hash(kv: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                     ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Per query q: hash of the tokens in KV slots ``table[rows[q], 0:ctx_lens[q]]``."""
+        return mix(OracleModel.raw_hash(kv, table, rows, ctx_lens), ctx_lens)
+
+    def write_kv(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
+        """Store the KV rows of new tokens at their slots (``keep``: only where True)."""
+        slots = table[rows, pos]
+        new = self.kv_rows(toks, pos, rids)
+        if keep is not None:
+            new = torch.where(keep.unsqueeze(1), new, kv[slots])
+        kv[slots] = new
+
+    write_draft_kv = write_kv
+
+    def target_hidden(self, kv, table, rows, ctx_lens) -> torch.Tensor:
+        """The hidden state behind the target token at ``ctx_lens``: the raw hash ([q, 1])."""
+        return self.raw_hash(kv, table, rows, ctx_lens).unsqueeze(1)
+
+    def head(self, kind: str):
+        """The oracle ``eagle`` or ``mtp`` draft head (built once)."""
+        if kind not in self._heads:
+            from .oracle_heads import make_oracle_head
+            self._heads[kind] = make_oracle_head(kind, self)
+        return self._heads[kind]
 
     # -- heads --------------------------------------------------------------------------
     def sample(self, h: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,

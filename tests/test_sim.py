@@ -183,3 +183,29 @@ def test_index_rows_unseen_on_cuda_still_check_membership():
               reads=[kv.rows([1])])
     with pytest.raises(AnnotationError, match="declared only as read"):
         f.synchronize()
+
+
+def test_host_flag_wait_released_by_the_host():
+    rt, s, _ = _rt()
+    flag = rt.new_flag("ready")
+    a = rt.empty((1,), torch.int64, "a", s)
+    rt.wait_flag(s, flag)
+    rt.launch(s, lambda x: x.fill_(3), a.t)
+    assert is_poison(a.t).all()          # eager, but held behind the flag
+    flag.set()
+    s.synchronize()
+    assert a.t.item() == 3
+
+
+def test_sync_on_work_behind_an_unset_flag_is_a_stuck_wait_not_a_hang():
+    from overlapcheck.device import StuckWait
+    rt, s, f = _rt("random", seed=3)
+    flag = rt.new_flag("later_host_action")
+    rt.wait_flag(s, flag)
+    ev = rt.new_event("done")
+    ev.record(s)
+    f.wait_event(ev)                     # f depends on s through the event
+    with pytest.raises(StuckWait) as e:
+        f.synchronize()
+    assert e.value.stream == "s" and e.value.waits_for == "later_host_action"
+    assert "host synchronize on stream 'f'" in str(e.value)

@@ -37,6 +37,18 @@ class AnnotationError(Exception):
     """A launch touched memory outside its declared accesses."""
 
 
+class StuckWait(RuntimeError):
+    """A host wait that can never complete: the device work it needs waits, directly or
+    through other streams, for a host action that comes only after the wait (a flag the
+    host sets later, a collective some rank never joins). On a GPU this hangs; the sim
+    raises it, naming the host wait and the stuck device wait."""
+
+    def __init__(self, host_wait: str, stream: str, waits_for: str):
+        super().__init__(f"{host_wait} can never complete: stream '{stream}' is stuck in "
+                         f"'wait {waits_for}', which only a later host action can satisfy")
+        self.host_wait, self.stream, self.waits_for = host_wait, stream, waits_for
+
+
 class RaceError(Exception):
     """Raised by ``on_race="raise"``: the first race report."""
 

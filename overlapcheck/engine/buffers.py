@@ -15,13 +15,14 @@ from .kernels import META
 
 
 class DeviceState:
-    def __init__(self, rt, cfg: EngineConfig, kv_width: int):
+    def __init__(self, rt, cfg: EngineConfig, kv_width: int, kv_dtype=None):
         self.rt, self.cfg = rt, cfg
         self.sched = rt.new_stream("schedule")
         self.fwd = rt.new_stream("forward")
         self.copy = rt.new_stream("copy")
         i64, bs, w = torch.int64, cfg.max_running, cfg.spec_steps + 1
-        self.target_kv = rt.empty((cfg.pool_tokens, kv_width), i64, "target_kv", self.fwd)
+        self.target_kv = rt.empty((cfg.pool_tokens, kv_width), kv_dtype or i64, "target_kv",
+                                  self.fwd)
         self.table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_token", self.fwd)
         # FutureMap: rows indexed by request-pool row, written and read by the forward stream.
         self.fm_tok = rt.empty((cfg.max_running,), i64, "future_token", self.fwd)
@@ -40,7 +41,8 @@ class DeviceState:
         self.acc_pin = [rt.host_empty((bs,), i64, f"accept_lens_pinned{p}") for p in (0, 1)]
         self.done = [rt.new_event(f"copy_done{p}") for p in (0, 1)]
         self.war = rt.new_event("table_reads_done")
-        self.kv_buffers = [self.target_kv]
+        self.kv_buffers = [self.target_kv]     # drafters add their KV buffers
+        self.row_buffers = [self.table, self.fm_tok, self.fm_len]   # and their FutureMap rows
 
     def h2d(self, pinned, name: str):
         """A fresh schedule-stream buffer filled from ``pinned`` by a non-blocking copy."""
@@ -56,5 +58,5 @@ class DeviceState:
 
     def transfer_row(self, row: int, owner) -> None:
         """A request-pool row changes owner: its table row and FutureMap rows."""
-        for buf in (self.table, self.fm_tok, self.fm_len):
+        for buf in self.row_buffers:
             self.rt.transfer(buf, [row], owner)

@@ -18,7 +18,9 @@ def register(subparsers) -> None:
     src.add_argument("--workload", metavar="FILE.yaml", help="load the workload from a YAML file")
     p.add_argument("--seed", type=int, default=0, help="run seed (workload, schedule)")
     p.add_argument("--device", default="sim", choices=("sim", "cuda"))
-    p.add_argument("--model", default="oracle", choices=("oracle",))
+    p.add_argument("--model", default="oracle", choices=("oracle", "tiny"))
+    p.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"),
+                   help="draft kind (standalone model, EAGLE-style head, frozen-KV MTP)")
     p.add_argument("--spec-steps", type=int, default=3, metavar="K")
     p.add_argument("--page-size", type=int, default=1, metavar="P")
     p.add_argument("--pool-tokens", type=int, default=512, metavar="T")
@@ -42,7 +44,7 @@ def _config(args):
                         row_width=args.row_width, max_running=args.max_running,
                         chunk_size=args.chunk_size, spec_steps=args.spec_steps,
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
-                        spec=not args.no_spec, model=args.model)
+                        spec=not args.no_spec, model=args.model, draft_kind=args.draft)
 
 
 def run(args) -> int:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DRAFT_KINDS = ("standalone",)        # "eagle" and "mtp" plug in next to it (worker.DRAFTERS)
+DRAFT_KINDS = ("standalone", "eagle", "mtp")   # drafts.DRAFTERS
 RESERVE_RULES = ("double", "exact")
-MODELS = ("oracle",)
+MODELS = ("oracle", "tiny")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class EngineConfig:
       public engines do); ``exact`` reserves (k+1) per unprocessed batch plus one step.
     * ``overlap``: run the host one batch ahead of the device; ``spec``: speculative
       decoding (off: one token per decode step).
+    * ``draft_kind``: ``standalone`` (a draft model with its own KV), ``eagle`` (a head
+      on the target's hidden states, its own one-layer KV) or ``mtp`` (frozen-KV: reads
+      the target KV, none of its own); ``model``: ``oracle`` or ``tiny``.
     """
 
     page_size: int = 1
@@ -71,6 +74,15 @@ class EngineConfig:
     def step_tokens(self) -> int:
         """KV positions one decode step writes: k+1 with spec, 1 without."""
         return self.spec_steps + 1 if self.spec else 1
+
+    @property
+    def decode_purpose(self) -> str:
+        """Ledger purpose of a decode step's reserve: ``decode`` without spec; ``draft``
+        when the reserved slots hold target and draft KV of draft tokens; ``verify`` for
+        frozen-KV MTP, whose reserve holds only the target KV the verify writes."""
+        if not self.spec:
+            return "decode"
+        return "verify" if self.draft_kind == "mtp" else "draft"
 
     @property
     def margin(self) -> int:

@@ -1,7 +1,10 @@
-"""Draft kinds. Each drafter owns its draft-side buffers and enqueues the draft steps
-and the draft-extend of one decode batch; the worker does the rest. ``standalone``
-is a separate draft model with its own KV; EAGLE-style heads and frozen-KV MTP plug
-in here with the same two methods.
+"""Draft kinds. Each drafter owns its draft-side buffers and enqueues its part of a
+prefill (``launch_prefill``), the draft steps and the draft-extend of one decode
+batch; the worker does the rest. ``standalone`` is a separate draft model with its own
+KV (filled by the prefill next to the target's); ``eagle`` (``drafts_eagle``) is a
+one-layer head on the target's hidden states with its draft input carried through the
+FutureMap; ``mtp`` (``drafts_mtp``) is a frozen-KV MTP draft that reads the target KV
+and has none of its own.
 """
 from __future__ import annotations
 
@@ -10,17 +13,25 @@ from typing import List
 import torch
 
 from . import kernels as K
+from .drafts_eagle import EagleDraft
+from .drafts_mtp import MTPDraft
 
 
 class StandaloneDraft:
     """A standalone draft model with its own KV (same slot indices as the target)."""
 
+    kind = "standalone"
+
     def __init__(self, dev, model):
         self.dev, self.model = dev, model
         cfg = dev.cfg
-        self.kv = dev.rt.empty((cfg.pool_tokens, model.kv_width), torch.int64, "draft_kv",
-                               dev.fwd)
+        self.kv = dev.rt.empty((cfg.pool_tokens, getattr(model, "draft_kv_width", model.kv_width)),
+                               getattr(model, "kv_dtype", torch.int64), "draft_kv", dev.fwd)
         dev.kv_buffers.append(self.kv)
+
+    def launch_prefill(self, st, meta, b: int) -> List[str]:
+        """Nothing beyond the prefill's own write of the draft KV (``self.kv``)."""
+        return []
 
     def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
         """k chained draft steps: each writes the previous token's draft KV and drafts one."""
@@ -47,7 +58,7 @@ class StandaloneDraft:
         return ["draft_extend"]
 
 
-DRAFTERS = {"standalone": StandaloneDraft}
+DRAFTERS = {"standalone": StandaloneDraft, "eagle": EagleDraft, "mtp": MTPDraft}
 
 
 def make_drafter(kind: str, dev, model):

@@ -10,7 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
-from .types import BatchId, RequestId, Step
+from .types import BatchId, RequestId, RequestSpec, Step
+
+DIGEST_M = 2147483647  # 2**31 - 1
+
+
+def token_digest(tokens) -> int:
+    """The canary's digest of the tokens at positions 0..n-1 (the device computes the
+    same over the KV it reads): sum of (token mod M) * weight(position), mod M."""
+    h = 0
+    for p, t in enumerate(tokens):
+        h += (t % DIGEST_M) * ((p * 40503 + 17) % DIGEST_M + 1) % DIGEST_M
+    return h % DIGEST_M
 
 
 @dataclass(frozen=True)
@@ -21,7 +32,10 @@ class Event:
 
 @dataclass(frozen=True)
 class Arrived(Event):
+    """A request arrived; ``spec`` is its prompt, limits and stop ids."""
+
     rid: RequestId
+    spec: Optional[RequestSpec] = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,48 @@ class Retracted(Event):
 
 
 @dataclass(frozen=True)
+class Canary(Event):
+    """What a forward of ``batch`` found in the KV slots it read for ``rid``, copied back
+    with the batch's results (no extra sync): ``read_len`` positions 0..read_len-1 were
+    read; ``bad`` of them held a slot tagged with another (request, position); the
+    first such is ``slot`` at ``position``, holding ``found`` = (token, position,
+    request); ``digest`` = ``token_digest`` of the tokens found. Emitted right after
+    the entry's ``Prefilled``/``Verified``."""
+
+    rid: RequestId
+    read_len: int
+    bad: int
+    slot: int
+    position: int
+    found: Tuple[int, ...]
+    digest: int
+
+
+@dataclass(frozen=True)
+class RaceFound(Event):
+    """The runtime's race detector reported ``report`` (a ``RaceReport``) during this
+    step; emitted before the step's ``StepEnd``."""
+
+    report: object
+
+
+@dataclass(frozen=True)
+class Stalled(Event):
+    """The run cannot go on: ``kind`` "wait" (a host wait that can never complete,
+    ``detail`` names it) or "steps" (the engine's step bound ran out)."""
+
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class RunEnd(Event):
+    """The workload is done; ``result`` is the ``RunResult`` the run returns."""
+
+    result: object
+
+
+@dataclass(frozen=True)
 class ReqState:
     rid: RequestId
     state: str
@@ -152,6 +208,9 @@ class Snapshot:
     idle: bool
     syncs: int
     declared_syncs: int
+    page_size: int = 1
+    row_width: int = 0
+    rows_total: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,10 @@ def write_table(table, cells, n):
 def prefill_write(model, kv, draft_kv, table, ptok, n):
     """Write the KV of ``n`` staged prompt tokens (target, and draft when present)."""
     p = ptok[:n]
-    slots = table[p[:, P_ROW], p[:, P_POS]]
-    rows = model.kv_rows(p[:, P_TOK], p[:, P_POS], p[:, P_RID])
-    kv[slots] = rows
+    args = (table, p[:, P_ROW], p[:, P_POS], p[:, P_TOK], p[:, P_RID])
+    model.write_kv(kv, *args)
     if draft_kv is not None:
-        draft_kv[slots] = rows
+        model.write_draft_kv(draft_kv, *args)
 
 
 def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
@@ -58,8 +57,7 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b):
     """Draft step ``j`` (1..k): write the previous token's draft KV, draft token j."""
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 1)
-    slots = table[rows, pos]
-    draft_kv[slots] = model.kv_rows(drafts[:b, j - 1], pos, m[:, RID])
+    model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID])
     drafts[:b, j] = model.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
 
 
@@ -70,10 +68,9 @@ def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     offs = torch.arange(width, device=kv.device)
     pos = lens[:b].unsqueeze(1) + offs                       # [b, width]
     rows = m[:, ROW].unsqueeze(1).expand(b, width)
-    slots = table[rows, pos]
     rid = m[:, RID].unsqueeze(1).expand(b, width)
-    kv[slots.reshape(-1)] = model.kv_rows(drafts[:b, :width].reshape(-1), pos.reshape(-1),
-                                          rid.reshape(-1))
+    model.write_kv(kv, table, rows.reshape(-1), pos.reshape(-1), drafts[:b, :width].reshape(-1),
+                   rid.reshape(-1))
     seeds = m[:, SEED].unsqueeze(1).expand(b, width).reshape(-1)
     seeded = (m[:, SEEDED] == 1).unsqueeze(1).expand(b, width).reshape(-1)
     t = model.target(kv, table, rows.reshape(-1), (pos + 1).reshape(-1), seeds, seeded)
@@ -94,10 +91,10 @@ def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
     offs = torch.arange(width, device=draft_kv.device)
     pos = lens[:b].unsqueeze(1) + offs
     keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
-    slots = table[m[:, ROW].unsqueeze(1).expand(b, width), pos].reshape(-1)
+    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
     rid = m[:, RID].unsqueeze(1).expand(b, width).reshape(-1)
-    new = model.kv_rows(drafts[:b, :width].reshape(-1), pos.reshape(-1), rid)
-    draft_kv[slots] = torch.where(keep.unsqueeze(1), new, draft_kv[slots])
+    model.write_draft_kv(draft_kv, table, rows, pos.reshape(-1), drafts[:b, :width].reshape(-1),
+                         rid, keep=keep)
 
 
 def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b):
@@ -111,6 +108,6 @@ def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     """No-spec decode: write the input's KV, sample one token."""
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b]
-    kv[table[rows, pos]] = model.kv_rows(drafts[:b, 0], pos, m[:, RID])
+    model.write_kv(kv, table, rows, pos, drafts[:b, 0], m[:, RID])
     out_tok[:b, 0] = model.target(kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
     out_acc[:b] = 1

@@ -30,7 +30,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None):
         self.cfg, self.rt, self.observer = cfg, rt, observer
         self.requests: Dict[int, Request] = {}
-        self.dev = DeviceState(rt, cfg, model.kv_width)
+        self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
         self.mem = Memory(cfg, self.dev, self._emit)
         self.sched = Scheduler(cfg, self.mem, self.requests, self._emit)
         self.worker = SpecWorker(self.dev, model, self.requests)

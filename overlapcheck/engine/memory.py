@@ -16,7 +16,8 @@ from .config import EngineConfig
 from .types import BatchId, RequestId, Step
 
 PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE = "prefill", "decode", "draft"
-PURPOSES = (PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE)
+VERIFY_PURPOSE = "verify"   # frozen-KV MTP's decode reserve: target KV only (config.decode_purpose)
+PURPOSES = (PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE, VERIFY_PURPOSE)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 from . import events as E
 from .accounting import Memory
 from .config import EngineConfig
-from .memory import DECODE_PURPOSE, DRAFT_PURPOSE, PREFILL_PURPOSE
+from .memory import PREFILL_PURPOSE
 from .types import DECODE, PREFILL, PREFILLING, RUNNING, WAITING, Batch, Entry, Request
 
 
@@ -112,7 +112,7 @@ class Scheduler:
 
     def _decode(self, it: int, bid: int) -> Optional[Batch]:
         cands = self._decodable()
-        purpose = DRAFT_PURPOSE if self.cfg.spec else DECODE_PURPOSE
+        purpose = self.cfg.decode_purpose
         kv = self.mem.kv
 
         def extra(r):

@@ -114,8 +114,11 @@ class SpecWorker:
                   reads=[kv_s, dev.table.rows(rows), meta, dev.fm_tok.rows(rows),
                          dev.fm_len.rows(rows)],
                   writes=[st.out_tok, st.out_acc, dev.fm_tok.rows(rows), dev.fm_len.rows(rows)])
+        ops = ["prefill", "prefill_sample"]
+        if self.drafter is not None:
+            ops += self.drafter.launch_prefill(st, meta, b)
         dev.war.record(dev.fwd)
-        return ["prefill", "prefill_sample"]
+        return ops
 
     def _decode(self, st: "_Step") -> List[str]:
         dev, rt, b, k = self.dev, self.dev.rt, len(st.batch.entries), self.k

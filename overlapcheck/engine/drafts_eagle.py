@@ -1,0 +1,146 @@
+"""EAGLE-style draft kind: one decoder layer (the model's ``head("eagle")``) fed the
+target's hidden states, with its own one-layer KV.
+
+EAGLE shifts its inputs: draft position ``p`` holds the pair (token ``t_{p+1}``,
+target hidden ``f_p``), and its output there predicts ``t_{p+2}``. With committed
+length ``L`` after a verify, the draft-extend writes the pairs of the accepted
+positions ``lens .. L-1`` (tokens from the verify, hidden states from the target KV
+the verify wrote) and runs the head at ``L-1``: that gives the next step's first draft
+token and the hidden state to chain from. Both are *stashed in the FutureMap*
+(``future_draft_token``, ``future_hidden``, rows indexed by request-pool row) and
+resolved by the next step's first draft launch on the device: the host never sees
+them. Draft steps ``j = 2..k`` chain the head's own hidden state (scratch
+``draft_hidden``) at positions ``L .. L+k-2``, inside the verify's range.
+
+Prefill: for each staged prompt token ``t_q`` the pair at ``q-1`` (its hidden state
+recomputed from the target KV, so a chunk boundary needs nothing from the host), and
+on the last chunk the pair (first output token or the host-known next token after a
+retraction, ``f_{P-1}``) at ``P-1`` plus the stash.
+
+Memory: the EAGLE KV uses the request's own slot indices (like a standalone draft),
+so it needs no reserve beyond the engine's decode reserve and is released with the
+request; it is listed in ``dev.kv_buffers`` so every change of owner covers it.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .kernels import LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED, START
+
+
+def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b):
+    """Pairs of the staged prompt tokens; on a last chunk, the final pair and the stash."""
+    p = ptok[:n]
+    rows, q = p[:, P_ROW], p[:, P_POS]
+    pos = (q - 1).clamp(min=0)
+    feats = model.target_hidden(kv, table, rows, pos + 1)
+    head.write(ekv, table, rows, pos, p[:, P_TOK], feats, p[:, P_RID], keep=q >= 1)
+    m = meta[:b]
+    mrows, ctx, last = m[:, ROW], m[:, START] + m[:, N], m[:, LAST] == 1
+    tok = torch.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
+    feats = model.target_hidden(kv, table, mrows, ctx)
+    head.write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
+    g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
+    fm_draft[mrows] = torch.where(last, d1, fm_draft[mrows])
+    fm_hid[mrows] = torch.where(last.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[mrows])
+
+
+def eagle_resolve(fm_draft, fm_hid, meta, drafts, hid, b):
+    """Draft step 1: the first draft token and the hidden state, from the FutureMap."""
+    rows = meta[:b, ROW]
+    drafts[:b, 1] = fm_draft[rows]
+    hid[:b] = fm_hid[rows]
+
+
+def eagle_step(head, ekv, table, meta, drafts, lens, hid, j, b):
+    """Draft step ``j`` (2..k): the pair (``drafts[j-1]``, chained hidden) at position
+    ``lens + j - 2``, then the head's output there drafts token ``j``."""
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 2)
+    head.write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID])
+    g, d = head.out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = d
+    hid[:b] = g.to(hid.dtype)
+
+
+def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
+                 width, b):
+    """Pairs of the accepted positions from the verify's tokens and the target's hidden
+    states; the head at the last one gives the next step's draft input (stashed)."""
+    m = meta[:b]
+    offs = torch.arange(width, device=kv.device)
+    pos = lens[:b].unsqueeze(1) + offs
+    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
+    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
+    feats = model.target_hidden(kv, table, rows, pos.reshape(-1) + 1)
+    rid = m[:, RID].unsqueeze(1).expand(b, width).reshape(-1)
+    head.write(ekv, table, rows, pos.reshape(-1), out_tok[:b, :width].reshape(-1), feats, rid,
+               keep=keep)
+    last = lens[:b] + out_acc[:b] - 1
+    g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
+    fm_draft[m[:, ROW]] = d1
+    fm_hid[m[:, ROW]] = g.to(fm_hid.dtype)
+
+
+class EagleDraft:
+    """The EAGLE-style draft kind (``--draft eagle``)."""
+
+    kind = "eagle"
+    kv = None   # no standalone draft KV for the prefill to fill
+
+    def __init__(self, dev, model):
+        self.dev, self.model, self.head = dev, model, model.head("eagle")
+        cfg, rt, rows = dev.cfg, dev.rt, dev.cfg.max_running
+        hw, hd = model.hidden_width, model.hidden_dtype
+        self.ekv = rt.empty((cfg.pool_tokens, self.head.kv_width), self.head.kv_dtype,
+                            "eagle_kv", dev.fwd)
+        dev.kv_buffers.append(self.ekv)
+        # FutureMap rows of the next step's draft input
+        self.fm_draft = rt.empty((rows,), torch.int64, "future_draft_token", dev.fwd)
+        self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
+        dev.row_buffers += [self.fm_draft, self.fm_hid]
+        self.hid = rt.empty((rows, hw), hd, "draft_hidden", dev.fwd)
+
+    def _fm(self, rows):
+        return [self.fm_draft.rows(rows), self.fm_hid.rows(rows)]
+
+    def launch_prefill(self, st, meta, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        ptok, slots = st.staged[2], st.batch.slots_read
+        rt.launch(dev.fwd, eagle_prefill, self.model, self.head, dev.target_kv.t, self.ekv.t,
+                  dev.table.t, ptok.t, meta.t, st.out_tok.t, self.fm_draft.t, self.fm_hid.t,
+                  st.n_tok, b, name="eagle_prefill",
+                  reads=[dev.target_kv.rows(slots), self.ekv.rows(slots), dev.table.rows(st.rows),
+                         ptok, meta, st.out_tok] + self._fm(st.rows),
+                  writes=[self.ekv.rows(slots)] + self._fm(st.rows))
+        return ["eagle_prefill"]
+
+    def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        ekv_s = self.ekv.rows(st.batch.slots_read)
+        rt.launch(dev.fwd, eagle_resolve, self.fm_draft.t, self.fm_hid.t, meta.t, dev.drafts.t,
+                  self.hid.t, b, name="draft1", reads=self._fm(st.rows) + [meta],
+                  writes=[dev.drafts, self.hid])
+        names = ["draft1"]
+        for j in range(2, dev.cfg.spec_steps + 1):
+            rt.launch(dev.fwd, eagle_step, self.head, self.ekv.t, dev.table.t, meta.t,
+                      dev.drafts.t, dev.lens.t, self.hid.t, j, b, name=f"draft{j}",
+                      reads=[ekv_s, table_r, meta, dev.drafts, dev.lens, self.hid],
+                      writes=[ekv_s, dev.drafts, self.hid])
+            names.append(f"draft{j}")
+        return names
+
+    def launch_extend(self, st, meta, table_r, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        slots = st.batch.slots_read
+        ekv_s = self.ekv.rows(slots)
+        rt.launch(dev.fwd, eagle_extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
+                  dev.table.t, meta.t, dev.lens.t, st.out_tok.t, st.out_acc.t, self.fm_draft.t,
+                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, name="draft_extend",
+                  reads=[dev.target_kv.rows(slots), ekv_s, table_r, meta, dev.lens, st.out_tok,
+                         st.out_acc],
+                  writes=[ekv_s] + self._fm(st.rows))
+        return ["draft_extend"]
+

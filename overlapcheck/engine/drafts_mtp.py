@@ -1,0 +1,101 @@
+"""Frozen-KV MTP draft kind: the draft (the model's ``head("mtp")``) attends to the
+*target's* KV slots of its request and has no KV of its own.
+
+Draft step ``j`` (1..k) takes the token at position ``lens + j - 1`` and a hidden
+state (step 1: the target's hidden at ``lens - 1``, resolved from the FutureMap row
+``future_hidden``; later steps: the previous step's output, scratch ``draft_hidden``)
+and attends to the target KV of the committed positions ``0..lens-1``, which no
+launch of this step writes before the verify: the draft reads them frozen. After the
+verify, the *seed* launch stashes the target's hidden state at the new last committed
+position into ``future_hidden`` for the next step (the prefill's last chunk does the
+same).
+
+Memory rule, made explicit (the engine's own, nothing draft-specific):
+
+* no draft KV buffer: nothing is allocated, written or freed for the draft;
+* the decode reserve is the engine's (``EngineConfig.draft_reserve``); its slots hold
+  the *target's* KV of the verified tokens, so the ledger labels them ``verify``
+  (``EngineConfig.decode_purpose``) instead of ``draft``;
+* rejected positions stay between committed and allocated, are overwritten by the
+  next verify and are released with the request (never freed per step): the
+  verify-side free that races the tear-down in the frozen-KV MTP seed has no
+  counterpart here.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .kernels import LAST, N, ROW, SEED, SEEDED, START
+
+
+def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
+    """Last prefill chunk: stash the target's hidden state at ``P - 1``."""
+    m = meta[:b]
+    rows, last = m[:, ROW], m[:, LAST] == 1
+    h = model.target_hidden(kv, table, rows, m[:, START] + m[:, N]).to(fm_hid.dtype)
+    fm_hid[rows] = torch.where(last.unsqueeze(1), h, fm_hid[rows])
+
+
+def mtp_step(head, kv, table, meta, drafts, lens, fm_hid, hid, j, b):
+    """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``."""
+    m = meta[:b]
+    rows = m[:, ROW]
+    feats = fm_hid[rows] if j == 1 else hid[:b]
+    g, d = head.step(kv, table, rows, lens[:b], lens[:b] + (j - 1), drafts[:b, j - 1], feats,
+                     m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = d
+    hid[:b] = g.to(hid.dtype)
+
+
+def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b):
+    """After the verify: the target's hidden state at the new last committed position."""
+    rows = meta[:b, ROW]
+    fm_hid[rows] = model.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).to(fm_hid.dtype)
+
+
+class MTPDraft:
+    """The frozen-KV MTP draft kind (``--draft mtp``)."""
+
+    kind = "mtp"
+    kv = None   # no draft KV at all
+
+    def __init__(self, dev, model):
+        self.dev, self.model, self.head = dev, model, model.head("mtp")
+        rt, rows = dev.rt, dev.cfg.max_running
+        hw, hd = model.hidden_width, model.hidden_dtype
+        self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
+        dev.row_buffers.append(self.fm_hid)
+        self.hid = rt.empty((rows, hw), hd, "draft_hidden", dev.fwd)
+
+    def launch_prefill(self, st, meta, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        fm = self.fm_hid.rows(st.rows)
+        rt.launch(dev.fwd, mtp_prefill_seed, self.model, dev.target_kv.t, dev.table.t, meta.t,
+                  self.fm_hid.t, b, name="mtp_seed",
+                  reads=[dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows), meta,
+                         fm], writes=[fm])
+        return ["mtp_seed"]
+
+    def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        kv_s = dev.target_kv.rows(st.batch.slots_read)
+        names = []
+        for j in range(1, dev.cfg.spec_steps + 1):
+            src = self.fm_hid.rows(st.rows) if j == 1 else self.hid
+            rt.launch(dev.fwd, mtp_step, self.head, dev.target_kv.t, dev.table.t, meta.t,
+                      dev.drafts.t, dev.lens.t, self.fm_hid.t, self.hid.t, j, b,
+                      name=f"draft{j}", reads=[kv_s, table_r, meta, dev.drafts, dev.lens, src],
+                      writes=[dev.drafts, self.hid])
+            names.append(f"draft{j}")
+        return names
+
+    def launch_extend(self, st, meta, table_r, b: int) -> List[str]:
+        dev, rt = self.dev, self.dev.rt
+        fm = self.fm_hid.rows(st.rows)
+        rt.launch(dev.fwd, mtp_seed, self.model, dev.target_kv.t, dev.table.t, meta.t,
+                  dev.lens.t, st.out_acc.t, self.fm_hid.t, b, name="mtp_seed",
+                  reads=[dev.target_kv.rows(st.batch.slots_read), table_r, meta, dev.lens,
+                         st.out_acc], writes=[fm])
+        return ["mtp_seed"]

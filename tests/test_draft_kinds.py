@@ -1,0 +1,100 @@
+"""Draft kinds (standalone, EAGLE-style, frozen-KV MTP) x models (oracle, tiny) on the
+sim: parity (overlap == non-overlap per request: tokens, and accept lengths by the
+request's own verify count) and lossless (spec == no-spec tokens), every run clean
+(no race reports, no undeclared host syncs, the pool full at the end). Then what makes
+the kinds observably different: EAGLE's next step resolves the FutureMap row its
+previous step stashed, MTP reads the target KV slots of its request and owns no KV."""
+import dataclasses
+
+import pytest
+import torch
+
+from fake_models import make_model
+from overlapcheck import seeds
+from overlapcheck.device import make_runtime
+from overlapcheck.device.sched import make_strategy
+from overlapcheck.device.sim import SimRuntime
+from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload, generate
+from overlapcheck.engine import events as E
+
+STRATEGIES = ("random", "pct", "buggify", "eager")
+KINDS = ("standalone", "eagle", "mtp")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small ops on 2 threads cost ~20x here; the models don't need them."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cfg(seed, kind, model, **kw):
+    base = dict(page_size=(1, 4)[seed % 2], pool_tokens=(72, 96, 512)[seed % 3], row_width=64,
+                max_running=6, chunk_size=16, draft_kind=kind, model=model)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def run_clean(cfg, wl, seed, strategy, access="declared"):
+    rt = make_runtime("sim", seed=seed, strategy=strategy, access=access)
+    eng = Engine(cfg, rt, make_model(cfg.model))
+    res = eng.run(wl)
+    assert not rt.reports, str(rt.reports[0])
+    assert rt.syncs == eng.worker.declared_syncs, "host syncs beyond the declared ones"
+    assert eng.idle and eng.mem.is_full(), "pool not back to full at idle"
+    eng.mem.check_integrity(eng.requests)
+    return res
+
+
+def assert_parity(ref, got, what, accept=True):
+    for rid, a in ref.requests.items():
+        b = got.requests[rid]
+        if "abort" in (a.finish_reason, b.finish_reason):
+            n = min(len(a.tokens), len(b.tokens))
+            assert a.tokens[:n] == b.tokens[:n], f"{what}: request {rid} diverges before its abort"
+            continue
+        assert (a.tokens, a.finish_reason) == (b.tokens, b.finish_reason), f"{what}: request {rid}"
+        if accept:
+            assert a.accept_lens == b.accept_lens, f"{what}: request {rid} accept lengths"
+
+
+def check(seed, kind, model, n, max_new, strategies, access="declared"):
+    """Lossless and parity for one seeded workload; returns the non-overlap result."""
+    cfg = _cfg(seed, kind, model)
+    wl = generate(seed, n, cfg, max_new=max_new)
+    ref = run_clean(dataclasses.replace(cfg, overlap=False), wl, seed, "eager")
+    nospec = run_clean(dataclasses.replace(cfg, overlap=False, spec=False), wl, seed, "eager")
+    assert_parity(ref, nospec, f"{model}/{kind} seed {seed} spec vs no-spec", accept=False)
+    for strategy in strategies:
+        got = run_clean(cfg, wl, seed, strategy, access)
+        assert_parity(ref, got, f"{model}/{kind} seed {seed} overlap/{strategy}")
+    return ref
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_oracle_parity_and_lossless(kind, seed):
+    check(seed, kind, "oracle", 10, 30, (STRATEGIES[seed % 4], STRATEGIES[(seed + 1) % 4]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", range(2))
+def test_tiny_parity_and_lossless(kind, seed):
+    check(10 + seed, kind, "tiny", 6, 16, (STRATEGIES[seed % 4],))
+
+
+@pytest.mark.parametrize("model", ["oracle", "tiny"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_declared_accesses_hold_under_full_inference(kind, model):
+    check(5, kind, model, 4, 12, ("random",), access="infer")
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize("model", ["oracle", "tiny"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_nightly_200_workloads(kind, model):
+    n, max_new = (16, 40) if model == "oracle" else (8, 20)
+    for seed in range(200):
+        check(2000 + seed, kind, model, n, max_new, (STRATEGIES[seed % 4],))
