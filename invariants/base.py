@@ -5,6 +5,11 @@ A checker is a pure consumer. It is fed the engine's observer events one at a ti
 never raises on a finding, never mutates the engine and never touches the device.
 Handlers are methods named after the event class (``on_Allocated``), as in PyTorch's
 CUDA sanitizer: one handler per event kind; events without a handler are ignored.
+
+Checkers are built by name with ``make_checkers(names, **context)``; the context
+(e.g. ``reference=`` a non-overlap ``RunResult`` for parity) is offered to every
+checker's constructor, which takes what it knows and ignores the rest. A ``fatal``
+checker's violation means the run cannot usefully go on (a zombie): the driver stops.
 """
 from __future__ import annotations
 
@@ -58,8 +63,9 @@ class Checker:
     """Base class: dispatch each event to ``on_<EventClass>``."""
 
     name = "?"
+    fatal = False
 
-    def __init__(self) -> None:
+    def __init__(self, **context) -> None:
         self._handlers: Dict[type, object] = {}
 
     def feed(self, event) -> List[Violation]:
@@ -78,11 +84,21 @@ class Checker:
 
 
 # checker name -> "module:Class"; each lives in its own module of this package.
-REGISTRY: Dict[str, str] = {}
+REGISTRY: Dict[str, str] = {
+    "kv-accounting": "invariants.kv_accounting:KVAccounting",
+    "kv-lifetime": "invariants.kv_lifetime:KVLifetime",
+    "kv-canary": "invariants.kv_canary:KVCanary",
+    "stream-race": "invariants.stream_race:StreamRace",
+    "parity": "invariants.parity:Parity",
+    "metrics": "invariants.metrics:Metrics",
+    "no-hidden-sync": "invariants.no_hidden_sync:NoHiddenSync",
+    "lifecycle": "invariants.lifecycle:Lifecycle",
+    "liveness": "invariants.liveness:Liveness",
+}
 
 
-def make_checkers(names: Iterable[str] = ()) -> List[Checker]:
-    """Instantiate checkers by name (empty: all of them)."""
+def make_checkers(names: Iterable[str] = (), **context) -> List[Checker]:
+    """Instantiate checkers by name (empty: all of them), each offered ``context``."""
     wanted = list(names) or list(REGISTRY)
     unknown = [n for n in wanted if n not in REGISTRY]
     if unknown:
@@ -90,7 +106,7 @@ def make_checkers(names: Iterable[str] = ()) -> List[Checker]:
     out = []
     for n in wanted:
         module, cls = REGISTRY[n].split(":")
-        out.append(getattr(importlib.import_module(module), cls)())
+        out.append(getattr(importlib.import_module(module), cls)(**context))
     return out
 
 

@@ -1,0 +1,220 @@
+"""kv-accounting: every KV slot and request-pool row is accounted for at every step.
+
+The checker keeps its own ledger from the memory events (``Allocated``, ``Freed``,
+``PendingReleased``, ``RowAssigned``, ``RowReleased``) and holds it against each step's
+snapshot. It asserts: free + owned + pending-free == total; no slot allocated twice, freed
+twice or freed by a non-owner; pending-free slots return only once the batch that may
+read them is processed, and do return then; committed <= allocated <= row width; the
+engine's ledger agrees with the events. A *leak* is a slot still owned by a request
+that finished, aborted or was retracted, or a pending-free slot whose batch was
+processed: it is certain at that step and named by request, purpose, allocating step
+and slots/pages (``Violation.details`` holds them for ``overlapcheck leak-report``).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Set, Tuple
+
+from overlapcheck.engine import events as E
+
+from .base import Checker, Violation
+from .text import span
+
+Owner = Tuple[int, str, int]            # (request, purpose, allocating step)
+
+
+class KVAccounting(Checker):
+    name = "kv-accounting"
+
+    def __init__(self, **context) -> None:
+        super().__init__()
+        self.owned: Dict[int, Owner] = {}
+        self.by_rid: Dict[int, Set[int]] = defaultdict(set)
+        self.pending: Dict[int, Tuple[int, Owner]] = {}        # slot -> (until batch, owner)
+        self.rows: Dict[int, int] = {}                         # row -> request
+        self.flagged: Set[int] = set()                         # slots already reported
+        self.launched = -1
+        self.page_size = 1
+        self._leaks: List[tuple] = []                          # found this step, not yet reported
+        self._reported_idle = False
+
+    def _v(self, step: int, msg: str, expected: str, seen: str, site: tuple, **details) -> Violation:
+        return Violation(self.name, step, msg, expected, seen, site, details)
+
+    # -- slots ----------------------------------------------------------------------------
+    def on_Allocated(self, ev: E.Allocated) -> List[Violation]:
+        out = []
+        for s in ev.slots:
+            prev = self.owned.get(s)
+            if prev is not None or s in self.pending:
+                what = (f"owned by request {prev[0]} ({prev[1]}, allocated at step {prev[2]})"
+                        if prev else f"pending-free until batch {self.pending[s][0]} is processed")
+                out.append(self._v(ev.iteration, f"slot {s} allocated to request {ev.rid} twice",
+                                   "a slot is allocated only when it is free",
+                                   f"slot {s} given to request {ev.rid} ({ev.purpose}) while {what}",
+                                   ("double-allocation", ev.purpose), slot=s, rid=ev.rid))
+                self._drop(s)
+            self.owned[s] = (ev.rid, ev.purpose, ev.iteration)
+            self.by_rid[ev.rid].add(s)
+        return out
+
+    def _drop(self, s: int) -> None:
+        own = self.owned.pop(s, None)
+        if own is not None:
+            self.by_rid[own[0]].discard(s)
+        self.pending.pop(s, None)
+
+    def on_Freed(self, ev: E.Freed) -> List[Violation]:
+        out = []
+        for s in ev.slots:
+            own = self.owned.get(s)
+            if own is None or own[0] != ev.rid:
+                if s in self.pending:
+                    seen = f"slot {s} is already pending-free (freed by request {self.pending[s][1][0]})"
+                    kind = "double-free"
+                elif own is None:
+                    seen, kind = f"slot {s} is not owned by anyone", "double-free"
+                else:
+                    seen, kind = f"slot {s} is owned by request {own[0]} ({own[1]})", "foreign-free"
+                out.append(self._v(ev.iteration, f"request {ev.rid} freed slot {s} it does not own "
+                                   f"({ev.reason})", f"request {ev.rid} frees only slots it owns",
+                                   seen, (kind, ev.reason), slot=s, rid=ev.rid))
+                continue
+            self._drop(s)
+            if ev.pending:
+                self.pending[s] = (ev.until, own)
+        return out
+
+    def on_PendingReleased(self, ev: E.PendingReleased) -> List[Violation]:
+        out = []
+        for s in ev.slots:
+            p = self.pending.pop(s, None)
+            if p is None:
+                out.append(self._v(ev.iteration, f"slot {s} returned to the free list but was "
+                                   f"not pending-free", "only pending-free slots are released",
+                                   f"slot {s} released after batch {ev.batch}",
+                                   ("release-not-pending",), slot=s))
+            elif p[0] > ev.batch:
+                out.append(self._v(ev.iteration, f"slot {s} of request {p[1][0]} released early",
+                                   f"released once batch {p[0]} (the last that may read it) "
+                                   f"is processed", f"released when batch {ev.batch} was processed",
+                                   ("early-release",), slot=s, rid=p[1][0]))
+        return out
+
+    # -- rows -----------------------------------------------------------------------------
+    def on_RowAssigned(self, ev: E.RowAssigned) -> List[Violation]:
+        prev = self.rows.get(ev.row)
+        self.rows[ev.row] = ev.rid
+        if prev is not None:
+            return [self._v(ev.iteration, f"row {ev.row} assigned to request {ev.rid} twice",
+                            "a row is assigned only when free",
+                            f"row {ev.row} still held by request {prev}", ("row-double-assign",),
+                            row=ev.row, rid=ev.rid)]
+        return []
+
+    def on_RowReleased(self, ev: E.RowReleased) -> List[Violation]:
+        prev = self.rows.pop(ev.row, None)
+        if prev != ev.rid:
+            return [self._v(ev.iteration, f"request {ev.rid} released row {ev.row} it does not hold",
+                            f"row {ev.row} released by its holder",
+                            f"row {ev.row} held by {prev}", ("row-foreign-release",),
+                            row=ev.row, rid=ev.rid)]
+        return []
+
+    # -- ends of ownership ------------------------------------------------------------------
+    def _gone(self, ev, cause: str) -> List[Violation]:
+        for s in sorted(self.by_rid.get(ev.rid, ())):
+            if s not in self.flagged:
+                self.flagged.add(s)
+                self._leaks.append((self.owned[s], s, ev.iteration, cause))
+        out = []
+        if cause != "retract":
+            held = [r for r, rid in self.rows.items() if rid == ev.rid]
+            for r in held:
+                out.append(self._v(ev.iteration, f"request {ev.rid} kept row {r} after it {cause}ed",
+                                   f"row {r} released at the {cause}", f"row {r} still held",
+                                   ("row-leak", cause), row=r, rid=ev.rid))
+                del self.rows[r]
+        return out
+
+    def on_Finished(self, ev):
+        return self._gone(ev, "finish")
+
+    def on_Aborted(self, ev):
+        return self._gone(ev, "abort")
+
+    def on_Retracted(self, ev):
+        return self._gone(ev, "retract")
+
+    def on_Launched(self, ev: E.Launched):
+        self.launched = max(self.launched, ev.batch)
+
+    # -- every step --------------------------------------------------------------------------
+    def on_StepEnd(self, ev: E.StepEnd) -> List[Violation]:
+        snap, it = ev.snapshot, ev.iteration
+        self.page_size = snap.page_size
+        out: List[Violation] = []
+        if snap.free + snap.owned + snap.pending != snap.total:
+            out.append(self._v(it, "pool formula broken", f"free + owned + pending == {snap.total}",
+                               f"free {snap.free} + owned {snap.owned} + pending {snap.pending} "
+                               f"= {snap.free + snap.owned + snap.pending}", ("formula",)))
+        done = min(snap.inflight) - 1 if snap.inflight else self.launched
+        for s, (until, own) in list(self.pending.items()):
+            if until <= done and s not in self.flagged:
+                self.flagged.add(s)
+                self._leaks.append((own, s, it, f"pending past batch {until}"))
+        if len(self.owned) != snap.owned or len(self.pending) != snap.pending:
+            out += self._ledger_diff(snap, it)
+        for r in snap.requests:
+            if r.state in ("finished", "aborted"):
+                continue
+            if not r.committed <= r.allocated <= (snap.row_width or r.allocated):
+                out.append(self._v(it, f"request {r.rid}: lengths out of order",
+                                   f"committed <= allocated <= row width {snap.row_width}",
+                                   f"committed {r.committed}, allocated {r.allocated}",
+                                   ("lengths",), rid=r.rid))
+        out += self._report_leaks()
+        if snap.idle and snap.free != snap.total and not self.flagged and not self._reported_idle:
+            self._reported_idle = True
+            out.append(self._v(it, "idle engine with KV still held", f"free == total ({snap.total})",
+                               f"free {snap.free}, owned {snap.owned}, pending {snap.pending}",
+                               ("idle-not-full",)))
+        return out
+
+    def _ledger_diff(self, snap, it: int) -> List[Violation]:
+        """The engine's ledger and the events disagree: name the slots."""
+        pend = set(snap.pending_slots)
+        engine = {s: (rid, purpose, step) for s, rid, purpose, step in snap.ledger if s not in pend}
+        out = []
+        for s in sorted(set(engine) - set(self.owned) - self.flagged):
+            self.flagged.add(s)
+            self._leaks.append((engine[s], s, it, "held though freed"))
+        lost = sorted(set(self.owned) - set(engine) - self.flagged)
+        if lost:
+            self.flagged.update(lost)
+            out.append(self._v(it, f"{len(lost)} owned slots vanished from the engine's ledger",
+                               "every slot the events say is owned is in the ledger",
+                               f"slots {span(lost)} missing (first: request {self.owned[lost[0]][0]})",
+                               ("ledger-lost",), slots=lost))
+        return out
+
+    def _report_leaks(self) -> List[Violation]:
+        groups: Dict[tuple, List[int]] = defaultdict(list)
+        for (rid, purpose, step), s, certain, cause in self._leaks:
+            groups[(rid, purpose, step, certain, cause)].append(s)
+        self._leaks = []
+        out = []
+        for (rid, purpose, step, certain, cause), slots in sorted(groups.items()):
+            pages = sorted({s // self.page_size for s in slots})
+            out.append(self._v(
+                certain, f"leak: request {rid} lost {len(slots)} {purpose} slots allocated at "
+                f"step {step} (certain at step {certain}: {cause})",
+                f"request {rid} holds no KV after its {cause}" if cause in ("finish", "abort", "retract")
+                else "its slots are free again",
+                f"slots {span(slots)} (pages {span(pages)}) still not free", ("leak", purpose),
+                kind="leak", rid=rid, purpose=purpose, alloc_step=step, slots=slots, pages=pages,
+                certain_step=certain, cause=cause))
+        return out
+
+    def finish(self) -> List[Violation]:
+        return self._report_leaks()

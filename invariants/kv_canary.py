@@ -1,0 +1,76 @@
+"""kv-canary: every KV slot a forward reads holds the (request, position, token) the
+reader expects.
+
+The device checks each slot it reads against its (request, position) tag and digests
+the tokens; the record comes back with the batch's result (``Canary`` events, no extra
+sync). Here the host side holds it against what the host knows: no mismatching tag;
+the digest equal to that of the request's own tokens at positions 0..n-1 (when the host
+knows them all); and for a verify the host kept, the device read exactly the committed
+length the host had (a stale FutureMap length reads rejected draft slots).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from overlapcheck.engine import events as E
+
+from .base import Checker, Violation
+
+
+class KVCanary(Checker):
+    name = "kv-canary"
+
+    def __init__(self, **context) -> None:
+        super().__init__()
+        self.tokens: Dict[int, List[int]] = {}          # prompt + accepted output, per request
+        self.kept: Dict[Tuple[int, int], int] = {}      # (rid, batch) -> committed length read
+
+    def on_Arrived(self, ev: E.Arrived):
+        if ev.spec is not None:
+            self.tokens[ev.rid] = list(ev.spec.prompt)
+
+    def on_Prefilled(self, ev: E.Prefilled):
+        if not ev.dropped and ev.token >= 0 and ev.rid in self.tokens:
+            self.tokens[ev.rid].append(ev.token)
+
+    def on_Verified(self, ev: E.Verified):
+        toks = self.tokens.get(ev.rid)
+        if toks is None:
+            return
+        if not ev.dropped:
+            self.kept[(ev.rid, ev.batch)] = len(toks) - 1
+            toks.extend(ev.tokens)
+
+    def on_Canary(self, ev: E.Canary) -> List[Violation]:
+        out = []
+        toks = self.tokens.get(ev.rid)
+        where = f"batch {ev.batch} (request {ev.rid})"
+        if ev.bad:
+            tok, pos, rid = ev.found
+            want = f"request {ev.rid}, position {ev.position}"
+            if toks is not None and ev.position < len(toks):
+                want += f", token {toks[ev.position]}"
+            kind = "stale-own-slot" if rid == ev.rid else "foreign-slot"
+            out.append(Violation(
+                self.name, ev.iteration, f"forward of {where} read {ev.bad} KV slot(s) holding "
+                f"another (request, position); first: slot {ev.slot} at position {ev.position}",
+                f"slot {ev.slot} holds ({want})",
+                f"slot {ev.slot} holds (request {rid}, position {pos}, token {tok})", (kind,),
+                {"rid": ev.rid, "slot": ev.slot, "position": ev.position, "found": ev.found}))
+        elif toks is not None and ev.read_len <= len(toks):
+            want = E.token_digest(toks[:ev.read_len])
+            if want != ev.digest:
+                out.append(Violation(
+                    self.name, ev.iteration, f"forward of {where} read tokens that are not the "
+                    f"request's at positions 0..{ev.read_len - 1}",
+                    f"token digest {want} of the committed tokens",
+                    f"token digest {ev.digest} of the KV read", ("token-digest",),
+                    {"rid": ev.rid, "read_len": ev.read_len}))
+        exp = self.kept.pop((ev.rid, ev.batch), None)
+        if exp is not None and exp != ev.read_len:
+            out.append(Violation(
+                self.name, ev.iteration, f"forward of {where} read a committed length the host "
+                f"did not commit", f"{exp} positions (the host's committed length)",
+                f"{ev.read_len} positions read", ("committed-length",),
+                {"rid": ev.rid, "expected": exp, "seen": ev.read_len}))
+        return out

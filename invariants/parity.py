@@ -1,0 +1,89 @@
+"""parity: per request, the overlap run equals the reference (non-overlap) run of the
+same workload (DESIGN §5).
+
+* tokens: each token the host keeps equals the reference's at that position; a request
+  finished in both has the same tokens and finish reason; an aborted request's output
+  (in either run) need only be a prefix of the other's;
+* accept lengths are compared by the request's own verify count (``Verified.index``);
+  verifies that rode a batch after the finish was known are dropped by the engine and
+  never compared; retraction is invisible (it changes neither).
+
+Context: ``reference`` (the reference ``RunResult``; without it this checker is idle)
+and ``parity_accept`` (default True; False for a no-spec reference: tokens only).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Set
+
+from overlapcheck.engine import events as E
+
+from .base import Checker, Violation
+
+ABORT = "abort"
+
+
+class Parity(Checker):
+    name = "parity"
+
+    def __init__(self, reference=None, parity_accept: bool = True, **context) -> None:
+        super().__init__()
+        self.ref = reference.requests if reference is not None else None
+        self.accept = parity_accept
+        self.out: Dict[int, List[int]] = {}
+        self.diverged: Set[int] = set()
+
+    def _v(self, ev, rid: int, msg: str, expected: str, seen: str, kind: str) -> List[Violation]:
+        self.diverged.add(rid)
+        return [Violation(self.name, ev.iteration, f"request {rid}: {msg}", expected, seen,
+                          (kind,), {"rid": rid, "batch": ev.batch})]
+
+    def _append(self, ev, rid: int, tokens) -> List[Violation]:
+        if self.ref is None or rid in self.diverged:
+            return []
+        ref = self.ref.get(rid)
+        if ref is None:
+            return self._v(ev, rid, "not in the reference run", "a request of the reference",
+                           "an unknown request", "unknown-request")
+        out = self.out.setdefault(rid, [])
+        for tok in tokens:
+            p = len(out)
+            out.append(tok)
+            if p < len(ref.tokens):
+                if ref.tokens[p] != tok:
+                    return self._v(ev, rid, f"token {p} differs from the reference",
+                                   f"token {ref.tokens[p]} at position {p} (reference)",
+                                   f"token {tok}", "token")
+            elif ref.finish_reason != ABORT:
+                return self._v(ev, rid, f"output runs past the reference's {len(ref.tokens)} "
+                               f"tokens ({ref.finish_reason})",
+                               f"{len(ref.tokens)} tokens, then '{ref.finish_reason}'",
+                               f"token {tok} at position {p}", "length")
+        return []
+
+    def on_Prefilled(self, ev: E.Prefilled):
+        if not ev.dropped and ev.token >= 0:
+            return self._append(ev, ev.rid, (ev.token,))
+        return []
+
+    def on_Verified(self, ev: E.Verified):
+        if ev.dropped or self.ref is None or ev.rid in self.diverged:
+            return []
+        ref = self.ref.get(ev.rid)
+        if (self.accept and ref is not None and ev.index < len(ref.accept_lens)
+                and ref.accept_lens[ev.index] != ev.accept_len):
+            return self._v(ev, ev.rid, f"accept length of verify #{ev.index} differs from the "
+                           f"reference", f"accept length {ref.accept_lens[ev.index]} (reference)",
+                           f"accept length {ev.accept_len}", "accept-length")
+        return self._append(ev, ev.rid, ev.tokens)
+
+    def on_Finished(self, ev: E.Finished):
+        if self.ref is None or ev.rid in self.diverged:
+            return []
+        ref = self.ref.get(ev.rid)
+        if ref is None or ref.finish_reason == ABORT:
+            return []
+        if (ref.finish_reason, len(ref.tokens)) != (ev.reason, len(ev.tokens)):
+            return self._v(ev, ev.rid, "finished unlike the reference",
+                           f"'{ref.finish_reason}' after {len(ref.tokens)} tokens (reference)",
+                           f"'{ev.reason}' after {len(ev.tokens)} tokens", "finish")
+        return []
