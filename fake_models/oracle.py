@@ -45,6 +45,7 @@ class OracleModel:
     kv_dtype = torch.int64
     hidden_width = 1                 # the raw context hash
     hidden_dtype = torch.int64
+    kv_tag_columns = (TOK, POS, RID)   # what the engine's KV canary checks
 
     def __init__(self, vocab: int = 64, agreement: int = 70, salt: int = 0):
         if vocab < 2 or not 0 <= agreement <= 100:

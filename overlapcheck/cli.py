@@ -16,6 +16,7 @@ from typing import List, Optional
 COMMANDS = {
     "selftest": "overlapcheck.selftest.command",
     "run": "overlapcheck.engine.command",
+    "leak-report": "overlapcheck.leakreport",
     "fuzz": "overlapcheck.fuzz.command",
     "replay": "overlapcheck.repro.command",
     "trace": "overlapcheck.repro.command",

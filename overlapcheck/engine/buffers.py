@@ -11,6 +11,7 @@ from typing import Iterable
 import torch
 
 from .config import EngineConfig
+from .canary import CANARY
 from .kernels import META
 
 
@@ -39,6 +40,7 @@ class DeviceState:
                          for p in (0, 1)]
         self.tok_pin = [rt.host_empty((bs, w), i64, f"tokens_pinned{p}") for p in (0, 1)]
         self.acc_pin = [rt.host_empty((bs,), i64, f"accept_lens_pinned{p}") for p in (0, 1)]
+        self.can_pin = [rt.host_empty((bs, CANARY), i64, f"canary_pinned{p}") for p in (0, 1)]
         self.done = [rt.new_event(f"copy_done{p}") for p in (0, 1)]
         self.war = rt.new_event("table_reads_done")
         self.kv_buffers = [self.target_kv]     # drafters add their KV buffers

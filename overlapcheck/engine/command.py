@@ -1,7 +1,10 @@
 """``overlapcheck run``: run a workload through the reference engine and print, per
 request, the output tokens, finish reason and accept lengths, then a summary.
 
-Exit codes: 0 clean, 1 race reports, 2 bad input.
+Every checker of ``invariants`` runs after every step (``--check`` picks some); their
+violations are printed. ``--log FILE`` writes the event stream as JSON lines.
+
+Exit codes: 0 clean, 1 violations or race reports, 2 bad input.
 """
 from __future__ import annotations
 
@@ -34,8 +37,23 @@ def register(subparsers) -> None:
                    help="sim schedule strategy: eager, random, pct, buggify")
     p.add_argument("--access", default="declared", choices=("declared", "infer"),
                    help="race detector access mode (infer: intercept every op)")
+    p.add_argument("--check", default="all", metavar="NAMES",
+                   help="comma-separated checkers to run (default all)")
+    p.add_argument("--log", metavar="FILE", help="write the event stream as JSON lines")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
+
+
+def _checks(text: str):
+    from invariants import REGISTRY
+    from ..cli import UsageError
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or names == ["all"]:
+        return []
+    bad = [n for n in names if n not in REGISTRY]
+    if bad:
+        raise UsageError(f"unknown checker {bad[0]!r} (choose from {', '.join(REGISTRY)})")
+    return names
 
 
 def _config(args):
@@ -51,9 +69,11 @@ def run(args) -> int:
     from ..cli import UsageError
     from ..device import STRATEGIES, make_runtime
     from fake_models import make_model
-    from .loop import Engine
+    from invariants.drive import run_checked
+    from invariants.runlog import RunLog
     from .workload import WorkloadError, generate, load
 
+    checks = _checks(args.check)
     try:
         cfg = _config(args)
     except ValueError as e:
@@ -72,18 +92,32 @@ def run(args) -> int:
                           access=args.access)
     except RuntimeError as e:
         raise UsageError(str(e)) from None
-    res = Engine(cfg, rt, make_model(cfg.model)).run(wl)
+    info = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
+            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
+    try:
+        log = RunLog(args.log, info) if args.log else None
+    except OSError as e:
+        raise UsageError(f"cannot write {args.log}: {e.strerror}") from None
+    run = run_checked(cfg, wl, checks, rt=rt, model=make_model(cfg.model), log=log)
+    res, found = run.result, run.violations
     if args.json:
-        doc = res.to_json()
-        doc["run"] = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
-                      "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
+        doc = res.to_json() if res is not None else {"requests": [], "summary": None}
+        doc["run"] = dict(info, status=run.status)
         doc["races"] = [r.to_json() for r in rt.reports]
+        doc["violations"] = [v.to_json() for v in found]
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
-        _print_text(res)
+        if res is not None:
+            _print_text(res)
+        else:
+            print(f"run {run.status} at step {run.engine.iteration}")
         for rep in rt.reports[:5]:
             print(rep, file=sys.stderr)
-    return 1 if rt.reports else 0
+        for v in found:
+            print(v)
+        if found:
+            print(f"{len(found)} violation(s)")
+    return 1 if (found or rt.reports) else 0
 
 
 def _print_text(res) -> None:

@@ -9,8 +9,10 @@ unprocessed batch, else when the last such batch is processed.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict, Iterable, List, Optional, Set
+from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
 
+from ..device import StuckWait
+from . import canary as C
 from . import events as E
 from .accounting import Memory
 from .buffers import DeviceState
@@ -27,8 +29,13 @@ class EngineStuck(RuntimeError):
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None):
-        self.cfg, self.rt, self.observer = cfg, rt, observer
+    """``strict``: assert at every idle step that the pool is full and consistent (the
+    tests' shortcut); otherwise leaks surface through the kv-accounting checker."""
+
+    def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None,
+                 strict: bool = False):
+        self.cfg, self.rt, self.observer, self.strict = cfg, rt, observer, strict
+        self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
         self.mem = Memory(cfg, self.dev, self._emit)
@@ -48,7 +55,7 @@ class Engine:
         if spec.rid in self.requests:
             raise ValueError(f"duplicate request id {spec.rid}")
         r = self.requests[spec.rid] = Request(spec)
-        self._emit(E.Arrived(self.iteration, -1, spec.rid))
+        self._emit(E.Arrived(self.iteration, -1, spec.rid, spec))
         if spec.rid in self._early_aborts:
             self.abort(spec.rid)
         else:
@@ -82,23 +89,26 @@ class Engine:
         keep = 1 if (self.cfg.overlap and batch is not None) else 0
         while len(self.inflight) > keep:
             self._process(self.inflight.popleft())
-        if self.idle:
+        if self.strict and self.idle:
             self.mem.check_integrity(self.requests)
             assert self.mem.is_full(), "idle engine with memory still held"
         if self.observer is not None:
+            self._emit_races(it, batch.bid if batch else -1)
             self._emit(E.StepEnd(it, batch.bid if batch else -1, self.snapshot()))
         self.iteration += 1
 
     def _process(self, batch: Batch) -> None:
         it, bid = self.iteration, batch.bid
         toks, accs = self.worker.collect(batch)
-        for e, t, a in zip(batch.entries, toks, accs):
+        cans = self.worker.canary(batch) if self.observer is not None else None
+        for i, (e, t, a) in enumerate(zip(batch.entries, toks, accs)):
             r = self.requests[e.rid]
             r.inflight.remove(bid)
             live = r.state in (PREFILLING, RUNNING) and not r.abort_requested
+            ended = None
             if batch.kind == PREFILL:
                 if e.sample and live:
-                    self._append(r, t[:1], bid)
+                    _, ended = self._append(r, t[:1])
                 self._emit(E.Prefilled(it, bid, r.rid, t[0] if e.sample else -1, not live))
             else:
                 r.unprocessed_decodes -= 1
@@ -106,26 +116,30 @@ class Engine:
                 if live:
                     r.accept_lens.append(a)
                     r.committed += a
-                    kept = self._append(r, t[:a], bid)
+                    kept, ended = self._append(r, t[:a])
                 self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
+            if cans is not None:
+                self._emit(E.Canary(it, bid, r.rid, *_canary_fields(cans[i])))
+            if ended is not None:
+                self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:
                 self._teardown(r, ABORTED, ABORT, bid)
         self.mem.on_processed(bid, it)
 
-    def _append(self, r: Request, tokens: Iterable[int], bid: int) -> tuple:
-        """Append accepted tokens, cut at a stop token or the length limit."""
+    def _append(self, r: Request, tokens: Iterable[int]) -> Tuple[tuple, Optional[str]]:
+        """Append accepted tokens, cut at a stop token or the length limit; returns the
+        kept tokens and the finish reason (None: the request goes on). The caller
+        tears a finished request down after reporting the result."""
         limit = min(r.spec.max_new_tokens, self.cfg.max_context - len(r.spec.prompt))
         kept = []
         for tok in tokens:
             r.output.append(tok)
             kept.append(tok)
             if tok in r.spec.stop_ids:
-                self._teardown(r, FINISHED, STOP, bid)
-                break
+                return tuple(kept), STOP
             if len(r.output) >= limit:
-                self._teardown(r, FINISHED, LENGTH, bid)
-                break
-        return tuple(kept)
+                return tuple(kept), LENGTH
+        return tuple(kept), None
 
     def _teardown(self, r: Request, state: str, reason: str, bid: int) -> None:
         if state not in LEGAL[r.state]:
@@ -139,6 +153,12 @@ class Engine:
         self._emit(cls(self.iteration, bid, r.rid, *args))
 
     # -- observation -----------------------------------------------------------------------
+    def _emit_races(self, it: int, bid: int) -> None:
+        reports = self.rt.reports
+        for rep in reports[self._reported:]:
+            self._emit(E.RaceFound(it, bid, rep))
+        self._reported = len(reports)
+
     def snapshot(self) -> E.Snapshot:
         kv, ps = self.mem.kv, self.cfg.page_size
         ledger = tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(kv.ledger().items()))
@@ -150,7 +170,8 @@ class Engine:
             total=kv.total * ps, free=kv.free_pages * ps, owned=len(kv.owned) * ps,
             pending=len(pending), ledger=ledger, pending_slots=pending, requests=reqs,
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
-            idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs)
+            idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
+            page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total)
 
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
@@ -167,13 +188,21 @@ class Engine:
         while self.iteration <= last or not self.idle:
             if self.iteration > bound:
                 live = sorted(r.rid for r in self.requests.values() if not r.done)
-                raise EngineStuck(f"still busy after {bound} steps; live requests {live[:10]}")
+                msg = f"still busy after {bound} steps; live requests {live[:10]}"
+                self._emit(E.Stalled(self.iteration, -1, "steps", msg))
+                raise EngineStuck(msg)
             for spec in arrivals.get(self.iteration, ()):
                 self.add(spec)
             for rid in aborts.get(self.iteration, ()):
                 self.abort(rid)
-            self.step()
-        return self.result()
+            try:
+                self.step()
+            except StuckWait as e:
+                self._emit(E.Stalled(self.iteration, -1, "wait", str(e)))
+                raise
+        res = self.result()
+        self._emit(E.RunEnd(self.iteration, -1, res))
+        return res
 
     def result(self) -> RunResult:
         reqs = {rid: RequestResult(rid, tuple(r.output), r.finish_reason or "none",
@@ -181,3 +210,8 @@ class Engine:
                 for rid, r in sorted(self.requests.items())}
         return RunResult(reqs, summarize(reqs, self.iteration, self.batches, self.rt.syncs,
                                          self.worker.declared_syncs, len(self.rt.reports)))
+
+
+def _canary_fields(rec) -> tuple:
+    return (rec[C.C_LEN], rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS],
+            (rec[C.C_TOK], rec[C.C_KPOS], rec[C.C_RID]), rec[C.C_DIGEST])

@@ -21,6 +21,7 @@ from typing import List, Tuple
 
 import torch
 
+from . import canary as C
 from . import kernels as K
 from .buffers import DeviceState
 from .drafts import make_drafter
@@ -35,6 +36,7 @@ class SpecWorker:
         self.spec = cfg.spec
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
         self.declared_syncs = 0
+        self.tags = C.tag_columns(model)   # KV canary on when the model tags its KV rows
 
     # -- host staging ----------------------------------------------------------------------
     def _stage(self, batch: Batch, p: int) -> Tuple[int, int]:
@@ -83,18 +85,23 @@ class SpecWorker:
             rt.record_stream(buf, f)
         out_tok = rt.empty(dev.tok_pin[p].t.shape, torch.int64, "out_tokens", f)
         out_acc = rt.empty(dev.acc_pin[p].t.shape, torch.int64, "out_accept", f)
-        step = _Step(batch, staged, out_tok, out_acc, n_tok)
+        out_can = (rt.empty(dev.can_pin[p].t.shape, torch.int64, "out_canary", f)
+                   if self.tags else None)
+        step = _Step(batch, staged, out_tok, out_acc, n_tok, out_can)
         if batch.kind == PREFILL:
             ops += self._prefill(step)
         else:
             ops += self._decode(step)
         c.wait_stream(f)
-        for buf in (out_tok, out_acc):
+        outs = [out_tok, out_acc] + ([out_can] if out_can is not None else [])
+        for buf in outs:
             rt.record_stream(buf, c)
         rt.copy(dev.tok_pin[p], out_tok, c, non_blocking=True)
         rt.copy(dev.acc_pin[p], out_acc, c, non_blocking=True)
+        if out_can is not None:
+            rt.copy(dev.can_pin[p], out_can, c, non_blocking=True)
         dev.done[p].record(c)
-        for buf in staged + [out_tok, out_acc]:
+        for buf in staged + outs:
             rt.free(buf)
         return ops + ["d2h"]
 
@@ -117,6 +124,7 @@ class SpecWorker:
         ops = ["prefill", "prefill_sample"]
         if self.drafter is not None:
             ops += self.drafter.launch_prefill(st, meta, b)
+        ops += self._canary(st, meta, True)
         dev.war.record(dev.fwd)
         return ops
 
@@ -135,8 +143,8 @@ class SpecWorker:
                       dev.drafts.t, dev.lens.t, st.out_tok.t, st.out_acc.t, b, name="decode",
                       reads=[kv_s, table_r, meta, dev.drafts, dev.lens],
                       writes=[kv_s, st.out_tok, st.out_acc])
+            ops += ["decode"] + self._canary(st, meta, False)
             dev.war.record(dev.fwd)
-            ops.append("decode")
         else:
             ops += self.drafter.launch_drafts(st, meta, table_r, b)
             rt.launch(dev.fwd, K.verify, self.model, dev.target_kv.t, dev.table.t, meta.t,
@@ -147,11 +155,24 @@ class SpecWorker:
                       k, b, name="accept", reads=[dev.drafts, dev.tgt],
                       writes=[st.out_tok, st.out_acc])
             ops += ["verify", "accept"] + self.drafter.launch_extend(st, meta, table_r, b)
+            ops += self._canary(st, meta, False)
             dev.war.record(dev.fwd)
         rt.launch(dev.fwd, K.stash, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.lens.t,
                   st.out_tok.t, st.out_acc.t, b, name="stash",
                   reads=[meta, dev.lens, st.out_tok, st.out_acc], writes=fm)
         return ops + ["stash"]
+
+    def _canary(self, st: "_Step", meta, prefill: bool) -> List[str]:
+        """The KV canary record of this forward (before the WAR barrier's record: it
+        reads the request->token table)."""
+        if st.out_can is None:
+            return []
+        dev, rt = self.dev, self.dev.rt
+        reads = [dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows), meta]
+        rt.launch(dev.fwd, C.canary, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
+                  st.out_can.t, self.tags, len(st.batch.entries), prefill, name="canary",
+                  reads=reads + ([] if prefill else [dev.lens]), writes=[st.out_can])
+        return ["canary"]
 
     # -- result ------------------------------------------------------------------------------
     def collect(self, batch: Batch) -> Tuple[List[List[int]], List[int]]:
@@ -166,13 +187,21 @@ class SpecWorker:
         b = len(batch.entries)
         return toks[:b], accs[:b]
 
+    def canary(self, batch: Batch):
+        """``batch``'s KV canary records (one list per entry), or None when the model
+        has no KV tags. Call after ``collect``: the copy-done wait covers them."""
+        if not self.tags:
+            return None
+        rows = self.dev.rt.host_view(self.dev.can_pin[batch.bid % 2]).tolist()
+        return rows[:len(batch.entries)]
+
 
 class _Step:
     """Per-launch handles passed to the drafter."""
 
-    __slots__ = ("batch", "staged", "out_tok", "out_acc", "n_tok", "rows")
+    __slots__ = ("batch", "staged", "out_tok", "out_acc", "n_tok", "rows", "out_can")
 
-    def __init__(self, batch, staged, out_tok, out_acc, n_tok):
+    def __init__(self, batch, staged, out_tok, out_acc, n_tok, out_can=None):
         self.batch, self.staged, self.n_tok = batch, staged, n_tok
-        self.out_tok, self.out_acc = out_tok, out_acc
+        self.out_tok, self.out_acc, self.out_can = out_tok, out_acc, out_can
         self.rows = frozenset(e.row for e in batch.entries)
