@@ -10,12 +10,8 @@ import pytest
 import torch
 
 from fake_models import make_model
-from overlapcheck import seeds
 from overlapcheck.device import make_runtime
-from overlapcheck.device.sched import make_strategy
-from overlapcheck.device.sim import SimRuntime
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig, generate
 
 STRATEGIES = ("random", "pct", "buggify", "eager")
 KINDS = ("standalone", "eagle", "mtp")
@@ -98,3 +94,22 @@ def test_nightly_200_workloads(kind, model):
     n, max_new = (16, 40) if model == "oracle" else (8, 20)
     for seed in range(200):
         check(2000 + seed, kind, model, n, max_new, (STRATEGIES[seed % 4],))
+
+
+@pytest.mark.parametrize("kind,model", [("eagle", "tiny"), ("mtp", "oracle")])
+def test_cli_runs_each_kind(kind, model, capsys):
+    from overlapcheck.cli import main
+    rc = main(["run", "--draft", kind, "--model", model, "--requests", "2", "--seed", "3",
+               "--row-width", "64", "--pool-tokens", "256"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "summary:" in out and "races 0" in out
+
+
+@pytest.mark.parametrize("argv", [["--draft", "medusa"], ["--model", "huge"]])
+def test_cli_bad_draft_or_model_is_a_one_line_error(argv, capsys):
+    from overlapcheck.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["run"] + argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
