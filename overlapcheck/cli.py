@@ -18,6 +18,7 @@ COMMANDS = {
     "run": "overlapcheck.engine.command",
     "leak-report": "overlapcheck.leakreport",
     "fuzz": "overlapcheck.fuzz.command",
+    "faults": "overlapcheck.faults.command",
     "replay": "overlapcheck.repro.command",
     "trace": "overlapcheck.repro.command",
     "minimize": "overlapcheck.repro.command",

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple
 
+from ..faults import FaultSet
 from . import events as E
 from .config import EngineConfig
-from .memory import KVPool, RowPool
+from .memory import PREFILL_PURPOSE, KVPool, RowPool
 from .types import Request
 
 
@@ -20,6 +21,7 @@ class Memory:
         self.kv = KVPool(cfg)
         self.rows = RowPool(cfg.max_running)
         self.ps = cfg.page_size
+        self.faults = FaultSet(cfg.faults)
 
     def _slots(self, pages: List[int]) -> Tuple[int, ...]:
         return tuple(s for p in pages for s in self.kv.slots(p))
@@ -56,8 +58,9 @@ class Memory:
         """Take all memory away from ``req``: its KV pages (pending-free until the
         newest batch it rides is processed) and its row (free at once)."""
         until = max(req.inflight) if req.inflight else None
-        slots = self._slots(req.pages)
-        freed = self.kv.release(req.pages, req.rid, until)
+        pages = self._release_range(req, reason, until)
+        slots = self._slots(pages)
+        freed = self.kv.release(pages, req.rid, until)
         if freed:
             self.dev.transfer_slots(slots, None)
         self.emit(E.Freed(it, bid, req.rid, slots, reason, until is not None, until))
@@ -67,6 +70,19 @@ class Memory:
             self.dev.transfer_row(req.row, None)
             self.emit(E.RowReleased(it, bid, req.rid, req.row))
             req.row = None
+
+    def _release_range(self, req: Request, reason: str, until) -> List[int]:
+        """The pages a release frees: all of ``req``'s pages. Each guarded site below is a
+        bug-zoo fault that computes the range another way and strands the rest."""
+        pages, ps = req.pages, self.ps
+        if self.faults.on("unaligned-tail-free"):      # committed floor-divided, tail in pages
+            c = min(req.committed, len(pages) * ps)
+            pages = pages[:c // ps + (len(pages) * ps - c) // ps]
+        if self.faults.on("retract-inferred-free") and reason == "retract":
+            pages = pages[:self.kv.pages_for(len(req.tokens))]   # inferred, not allocated
+        if self.faults.on("teardown-skips-draft") and until is not None and self.cfg.spec:
+            pages = [p for p in pages if self.kv.owned[p].purpose == PREFILL_PURPOSE]
+        return pages
 
     def on_processed(self, bid: int, it: int) -> None:
         pages = self.kv.on_processed(bid)

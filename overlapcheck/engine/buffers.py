@@ -25,6 +25,10 @@ class DeviceState:
         self.target_kv = rt.empty((cfg.pool_tokens, kv_width), kv_dtype or i64, "target_kv",
                                   self.fwd)
         self.table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_token", self.fwd)
+        # zero-filled like public engines' req_to_token (a never-written cell reads the
+        # padding slot, not an out-of-range index); in order before every table write
+        rt.launch(self.sched, torch.Tensor.zero_, self.table.t, name="zero_table",
+                  writes=[self.table])
         # FutureMap: rows indexed by request-pool row, written and read by the forward stream.
         self.fm_tok = rt.empty((cfg.max_running,), i64, "future_token", self.fwd)
         self.fm_len = rt.empty((cfg.max_running,), i64, "future_len", self.fwd)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..faults import check_names
+
 DRAFT_KINDS = ("standalone", "eagle", "mtp")   # drafts.DRAFTERS
 RESERVE_RULES = ("double", "exact")
 MODELS = ("oracle", "tiny")
@@ -44,6 +46,7 @@ class EngineConfig:
     spec: bool = True
     draft_kind: str = "standalone"
     model: str = "oracle"
+    faults: tuple = ()     # bug-zoo faults switched on (overlapcheck.faults), none by default
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -69,6 +72,9 @@ class EngineConfig:
         need(self.draft_kind in DRAFT_KINDS,
              f"draft_kind must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
         need(self.model in MODELS, f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        need(isinstance(self.faults, (tuple, list)), f"faults must be a list of names, got {self.faults!r}")
+        object.__setattr__(self, "faults", tuple(self.faults))
+        check_names(self.faults)
 
     @property
     def step_tokens(self) -> int:

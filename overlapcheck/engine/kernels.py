@@ -20,7 +20,11 @@ P_ROW, P_POS, P_TOK, P_RID = range(4)
 def write_table(table, cells, n):
     """Schedule stream: ``table[row, pos] = slot`` for the first ``n`` staged cells."""
     c = cells[:n]
-    table[c[:, 0], c[:, 1]] = c[:, 2]
+    # a row-major offset, as a device kernel computes it: no bound check per row, and
+    # a cell past the table's end is lost (on a GPU it lands in whatever follows)
+    w = table.shape[1]
+    c = c[c[:, 0] * w + c[:, 1] < table.numel()]
+    table[c[:, 0] + c[:, 1] // w, c[:, 1] % w] = c[:, 2]
 
 
 def prefill_write(model, kv, draft_kv, table, ptok, n):

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..device import StuckWait
+from ..faults import FaultSet
 from . import canary as C
 from . import events as E
 from .accounting import Memory
@@ -45,6 +46,7 @@ class Engine:
         self.iteration = 0
         self.batches = 0
         self._early_aborts: Set[int] = set()
+        self.faults = FaultSet(cfg.faults)
 
     def _emit(self, ev: E.Event) -> None:
         if self.observer is not None:
@@ -117,13 +119,17 @@ class Engine:
                     r.accept_lens.append(a)
                     r.committed += a
                     kept, ended = self._append(r, t[:a])
+                elif self.faults.on("lagged-verify-counted") and r.state == FINISHED:
+                    r.accept_lens.append(a)             # fault: a dropped verify counted
                 self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
             if cans is not None:
                 self._emit(E.Canary(it, bid, r.rid, *_canary_fields(cans[i])))
             if ended is not None:
                 self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:
-                self._teardown(r, ABORTED, ABORT, bid)
+                # fault: an abort deferred across a prefill batch is never torn down
+                if not (self.faults.on("abort-zombie") and batch.kind == PREFILL):
+                    self._teardown(r, ABORTED, ABORT, bid)
         self.mem.on_processed(bid, it)
 
     def _append(self, r: Request, tokens: Iterable[int]) -> Tuple[tuple, Optional[str]]:
@@ -131,6 +137,10 @@ class Engine:
         kept tokens and the finish reason (None: the request goes on). The caller
         tears a finished request down after reporting the result."""
         limit = min(r.spec.max_new_tokens, self.cfg.max_context - len(r.spec.prompt))
+        if self.faults.on("stop-cut-after-length") and len(r.output) + len(tokens) >= limit:
+            kept = tuple(tokens)[:limit - len(r.output)]   # fault: length cut, no stop scan
+            r.output.extend(kept)
+            return kept, LENGTH
         kept = []
         for tok in tokens:
             r.output.append(tok)

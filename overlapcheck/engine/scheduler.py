@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from ..faults import FaultSet
 from . import events as E
 from .accounting import Memory
 from .config import EngineConfig
@@ -22,6 +23,7 @@ class Scheduler:
         self.waiting: List[int] = []      # FCFS by (arrival, rid)
         self.admitted: List[int] = []     # prefilling or running, in admission order
         self.retractions = 0
+        self.faults = FaultSet(cfg.faults)
 
     # -- queues ---------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -46,6 +48,8 @@ class Scheduler:
         length is at most ``committed + step * unprocessed``; the decode writes ``step``
         more."""
         step = self.cfg.step_tokens
+        if self.faults.on("reserve-past-row"):         # covers the lagged batch, unclamped
+            return req.committed + step * (2 + req.unprocessed_decodes)
         if self.cfg.draft_reserve == "double":
             assert req.unprocessed_decodes <= 1, "double reserve assumes one batch of lag"
             need = req.committed + 2 * step

@@ -24,6 +24,7 @@ import torch
 from . import canary as C
 from . import kernels as K
 from .buffers import DeviceState
+from ..faults import FaultSet
 from .drafts import make_drafter
 from .types import PREFILL, SEEDED, Batch
 
@@ -36,6 +37,7 @@ class SpecWorker:
         self.spec = cfg.spec
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
         self.declared_syncs = 0
+        self.faults = FaultSet(cfg.faults)
         self.tags = C.tag_columns(model)   # KV canary on when the model tags its KV rows
 
     # -- host staging ----------------------------------------------------------------------
@@ -66,11 +68,13 @@ class SpecWorker:
         """Enqueue ``batch`` on the three streams; returns the op names in issue order."""
         dev, rt = self.dev, self.dev.rt
         p = batch.bid % 2
-        n_cells, n_tok = self._stage(batch, p)
+        sp = 0 if self.faults.on("single-staging-buffer") else p   # fault: one staging buffer
+        n_cells, n_tok = self._stage(batch, sp)
         s, f, c = dev.sched, dev.fwd, dev.copy
-        s.wait_event(dev.war)                                   # WAR barrier
-        staged = [dev.h2d(dev.meta_pin[p], "meta")]
-        cells_d = dev.h2d(dev.cells_pin[p], "cells")
+        if not self.faults.on("no-war-barrier"):
+            s.wait_event(dev.war)                               # WAR barrier
+        staged = [dev.h2d(dev.meta_pin[sp], "meta")]
+        cells_d = dev.h2d(dev.cells_pin[sp], "cells")
         staged.append(cells_d)
         ops = ["h2d"]
         if n_cells:
@@ -79,10 +83,11 @@ class SpecWorker:
                       reads=[cells_d], writes=[dev.table.rows(rows)])
             ops.append("write_table")
         if batch.kind == PREFILL:
-            staged.append(dev.h2d(dev.ptok_pin[p], "prefill_tokens"))
+            staged.append(dev.h2d(dev.ptok_pin[sp], "prefill_tokens"))
         f.wait_stream(s)
         for buf in staged:
-            rt.record_stream(buf, f)
+            if not self.faults.on("index-no-record-stream"):
+                rt.record_stream(buf, f)
         out_tok = rt.empty(dev.tok_pin[p].t.shape, torch.int64, "out_tokens", f)
         out_acc = rt.empty(dev.acc_pin[p].t.shape, torch.int64, "out_accept", f)
         out_can = (rt.empty(dev.can_pin[p].t.shape, torch.int64, "out_canary", f)
@@ -138,6 +143,8 @@ class SpecWorker:
                   dev.lens.t, b, name="resolve", reads=fm + [meta],
                   writes=[dev.drafts, dev.lens])
         ops = ["resolve"]
+        if self.faults.on("hidden-seq-lens-sync"):              # fault: a sync per decode
+            self.seq_lens_sum = int(rt.to_host(dev.lens, dev.fwd)[:b].sum())
         if not self.spec:
             rt.launch(dev.fwd, K.decode, self.model, dev.target_kv.t, dev.table.t, meta.t,
                       dev.drafts.t, dev.lens.t, st.out_tok.t, st.out_acc.t, b, name="decode",
@@ -154,9 +161,13 @@ class SpecWorker:
             rt.launch(dev.fwd, K.accept, dev.drafts.t, dev.tgt.t, st.out_tok.t, st.out_acc.t,
                       k, b, name="accept", reads=[dev.drafts, dev.tgt],
                       writes=[st.out_tok, st.out_acc])
+            early = self.faults.on("war-before-extend")
+            if early:                                           # fault: before the last reads
+                dev.war.record(dev.fwd)
             ops += ["verify", "accept"] + self.drafter.launch_extend(st, meta, table_r, b)
             ops += self._canary(st, meta, False)
-            dev.war.record(dev.fwd)
+            if not early:
+                dev.war.record(dev.fwd)
         rt.launch(dev.fwd, K.stash, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.lens.t,
                   st.out_tok.t, st.out_acc.t, b, name="stash",
                   reads=[meta, dev.lens, st.out_tok, st.out_acc], writes=fm)
@@ -180,8 +191,9 @@ class SpecWorker:
         results: per entry, the output tokens and the accept length."""
         dev, rt = self.dev, self.dev.rt
         p = batch.bid % 2
-        dev.done[p].synchronize()
-        self.declared_syncs += 1
+        if not self.faults.on("no-copy-done-wait"):
+            dev.done[p].synchronize()
+            self.declared_syncs += 1
         toks = rt.host_view(dev.tok_pin[p]).tolist()
         accs = rt.host_view(dev.acc_pin[p]).tolist()
         b = len(batch.entries)

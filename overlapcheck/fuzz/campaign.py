@@ -37,6 +37,7 @@ class Options:
     out: Optional[str] = None
     db: Optional[str] = None
     batch: int = 25
+    shrink_seconds: Optional[float] = None   # cap on shrinking one finding (None: Hypothesis')
     progress: Optional[Callable[[str], None]] = None
 
 
@@ -61,6 +62,7 @@ class Found:
     seconds_before: float
     steps: int
     requests: int
+    steps_before: int = 0     # engine steps run before the first failing example
 
 
 class Campaign:
@@ -112,6 +114,9 @@ class Campaign:
         def prop(case):
             if not failing and self._spent():
                 return
+            if failing and o.shrink_seconds is not None and \
+                    time.monotonic() - failing[0] > o.shrink_seconds:
+                return  # shrinking time is up: the smallest failing case so far is kept
             out = run_case(case, device=o.device)
             if failing:  # a shrink step of this run's finding
                 self.stats.shrink_runs += 1
@@ -121,9 +126,11 @@ class Campaign:
             self._progress()
             fresh = [f for f in out.findings if f.key not in self.found]
             if fresh:
-                failing.append(True)
-                for f in fresh:
-                    last[f.key] = (case, out, f, self.stats.examples, self.stats.seconds)
+                failing.append(time.monotonic())
+                for f in fresh:  # keep when it first failed; the case is the latest (shrunk)
+                    first = last.get(f.key, (0, 0, 0, self.stats.examples, self.stats.seconds,
+                                             self.stats.steps))
+                    last[f.key] = (case, out, f) + first[3:]
                 raise self._exception_for(fresh[0].key)(fresh[0].text)
 
         try:
@@ -131,11 +138,11 @@ class Campaign:
         except BaseException as e:  # noqa: BLE001 - Hypothesis' report of our findings
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-        for key, (case, out, f, n, secs) in last.items():
+        for key, (case, out, f, n, secs, steps) in last.items():
             if key not in self.found:
-                self._record(case, out, f, n, secs)
+                self._record(case, out, f, n, secs, steps)
 
-    def _record(self, case, out, f: Finding, n: int, secs: float) -> None:
+    def _record(self, case, out, f: Finding, n: int, secs: float, steps: int = 0) -> None:
         path = None
         if self.opts.out:
             from ..repro.format import Repro, current_commit, save
@@ -146,7 +153,7 @@ class Campaign:
                         self.opts.device, out.steps, current_commit())
             save(rep, path)
             write_trace(out, os.path.join(self.opts.out, f"{f.ident}.trace.json"))
-        self.found[f.key] = Found(f, path, n, secs, out.steps, len(case.workload.requests))
+        self.found[f.key] = Found(f, path, n, secs, out.steps, len(case.workload.requests), steps)
         if self.opts.progress is not None:
             self.opts.progress(f"finding {f.ident} after {n} examples ({secs:.1f}s): "
                                f"{f.text.splitlines()[0]}" + (f" -> {path}" if path else ""))
@@ -170,6 +177,7 @@ class Campaign:
                               "site": list(x.finding.site), "step": x.finding.step,
                               "repro": x.repro, "examples_before": x.examples_before,
                               "seconds_before": round(x.seconds_before, 2),
+                              "steps_before": x.steps_before,
                               "repro_steps": x.steps, "repro_requests": x.requests,
                               "text": x.finding.text}
                              for x in self.found.values()]}

@@ -73,7 +73,9 @@ class Case:
     extra: dict = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict:
-        return {"config": dataclasses.asdict(self.config),
+        cfg = {k: list(v) if isinstance(v, tuple) else v
+               for k, v in dataclasses.asdict(self.config).items()}
+        return {"config": cfg,
                 "workload": W.dump(self.workload),
                 "schedule": self.schedule.to_dict(),
                 "checks": list(self.checks), "faults": list(self.faults), "seed": self.seed}

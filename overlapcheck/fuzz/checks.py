@@ -13,7 +13,7 @@ class CheckSession:
     def __init__(self, case: Case, rt):
         self.case = case
         self.rt = rt
-        self.checkers = make_checkers(case.checks)
+        self.checkers = make_checkers(case.checks, **_context(case))
         self._found: Dict[tuple, "object"] = {}
         self._last_step = 0
 
@@ -43,3 +43,18 @@ class CheckSession:
             for v in c.finish():
                 self._violation(v)
         return list(self._found.values())
+
+
+def _context(case: Case) -> dict:
+    """What checkers need beyond the events: parity's reference, the clean engine's
+    non-overlap run of the same workload (no reference when that run fails)."""
+    if (case.checks and "parity" not in case.checks) or not case.workload.requests:
+        return {}       # (a state machine feeds its requests as it goes: no reference)
+    import dataclasses
+
+    from invariants.drive import reference_run
+    try:
+        return {"reference": reference_run(dataclasses.replace(case.config, faults=()),
+                                           case.workload)}
+    except Exception:  # noqa: BLE001 - the run under test reports the engine's failures
+        return {}

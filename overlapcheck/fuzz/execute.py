@@ -98,8 +98,9 @@ def run_case(case: Case, choices: Optional[List[int]] = None, device: str = "sim
         if isinstance(ev, E.StepEnd):
             marks.append((ev.iteration, getattr(rt, "calls", 0)))
 
-    eng = Engine(case.config, rt, model if model is not None else make_model(case.config.model),
-                 observer)
+    cfg = dataclasses.replace(case.config, faults=tuple(dict.fromkeys(
+        tuple(case.config.faults) + tuple(case.faults))))      # the case's faults switched on
+    eng = Engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
     result, diverged = None, None
     try:
         result = eng.run(case.workload)

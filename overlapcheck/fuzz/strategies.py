@@ -69,13 +69,16 @@ def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
     for rid in range(n):
         step += draw(st.integers(0, 3))
         prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_prompt)))
-        stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=2))) if feat.stops else ()
+        # up to 6 stop ids: a stop inside an accept run (and at its end) is common enough
+        stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=6))) if feat.stops else ()
         seeded = feat.seeded and draw(st.booleans())
         reqs.append(RequestSpec(rid, step, prompt, draw(st.integers(1, 24)), stop,
                                 draw(st.integers(0, 2 ** 16)) if seeded else 0,
                                 SEEDED if seeded else GREEDY))
         if feat.aborts and draw(st.booleans()):
-            aborts.append(AbortAt(rid, step + draw(st.integers(0, 20))))
+            # early aborts land in the admission/prefill window as often as later ones
+            delay = st.one_of(st.integers(0, 3), st.integers(0, 20))
+            aborts.append(AbortAt(rid, step + draw(delay)))
     return Workload(tuple(reqs), tuple(aborts))
 
 
@@ -84,8 +87,11 @@ def schedules(draw) -> ScheduleSpec:
     kind = draw(st.sampled_from(("stalls", "stalls", "stalls", "random", "pct", "buggify")))
     if kind != "stalls":
         return ScheduleSpec(kind, draw(st.integers(0, 2 ** 32 - 1)))
-    stalls = draw(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400),
-                                     st.integers(1, 60)), max_size=6))
+    # short stalls reorder a few ops; long ones keep a stream behind the host across
+    # steps (a late staging copy, a late D2H copy), as a busy GPU does
+    lengths = st.one_of(st.integers(1, 60), st.integers(61, 3000))
+    stalls = draw(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400), lengths),
+                           max_size=6))
     return ScheduleSpec("stalls", 0, tuple((s, a, a + d) for s, a, d in stalls))
 
 

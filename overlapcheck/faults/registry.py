@@ -1,0 +1,123 @@
+"""The bug zoo's catalogue: one ``Fault`` entry per named fault (DESIGN §7).
+
+Each fault is one guarded site in the reference engine (``if self.faults.on(NAME):``)
+that re-creates a bug class seen in public overlap-scheduling engines. The entry says
+where the site is, what goes wrong, which public bug it mirrors, which checker is
+expected to catch it, and what a workload needs for the site to matter (without its
+trigger the fault is silent). ``FAULTS`` is a constant; the engine never writes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    cls: int          # DESIGN §7 class number (19+: classes added from public code)
+    site: str         # file and function of the guarded site
+    mechanism: str    # what the faulty engine does
+    mirrors: str      # the public bug class it re-creates
+    checker: str      # the invariant checker expected to catch it
+    trigger: str      # what must happen for the site to matter
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "class": self.cls, "site": self.site,
+                "mechanism": self.mechanism, "mirrors": self.mirrors,
+                "checker": self.checker, "trigger": self.trigger}
+
+
+_ENTRIES = (
+    Fault("index-no-record-stream", 1, "engine/worker.py SpecWorker.launch",
+          "the index buffers staged on the schedule stream are not pledged to the forward "
+          "stream (record_stream skipped); freed at the end of the launch, their storage is "
+          "handed to the next batch's staging copy while the forward may still read it",
+          "SGLang/vLLM: index tensor made on the schedule stream recycled by the caching "
+          "allocator while the forward stream reads it (missing record_stream)",
+          "stream-race", "overlap, with the forward stream behind the schedule stream"),
+    Fault("no-war-barrier", 2, "engine/worker.py SpecWorker.launch",
+          "the schedule stream does not wait for the previous forward's table reads before "
+          "writing request->token cells; a row freed at a finish is reassigned and rewritten "
+          "while the lagged forward still reads it for the finished request",
+          "SGLang spec v2 overlap: request-pool row of a request finished in step N-1 "
+          "rewritten by step N+1's preparation while forward N reads it (missing WAR barrier)",
+          "kv-lifetime", "overlap; a request finishes and a new one takes its row next step"),
+    Fault("war-before-extend", 3, "engine/worker.py SpecWorker._decode",
+          "the WAR barrier's event is recorded after verify, before the draft-extend (and the "
+          "canary) that still read the request->token table; the next preparation's cell "
+          "writes race with those reads",
+          "SGLang spec v2: verify preparation overwriting request->token cells the draft is "
+          "still reading (accept length drops, no crash)",
+          "stream-race", "overlap, spec, a request decoding in consecutive batches"),
+    Fault("unaligned-tail-free", 4, "engine/accounting.py Memory.release",
+          "the release counts committed pages by floor division and the over-allocated tail "
+          "in whole pages, so a page holding both committed and reserved tokens is freed by "
+          "neither part: one page stranded per request",
+          "SGLang: over-allocation tail freed without page alignment at page_size > 1 "
+          "(a stranded page per request)",
+          "kv-accounting", "page_size > 1 and a committed length that is not page aligned"),
+    Fault("reserve-past-row", 5, "engine/scheduler.py Scheduler.reserve_tokens",
+          "the draft reserve also covers the lagged batch and is not clamped to the row: at "
+          "the context boundary it allocates past the request->token row, whose cells spill "
+          "into the neighbouring row",
+          "SGLang spec v2: draft reserve larger than the req_to_token row at the context "
+          "boundary (leak plus a clobbered neighbouring row)",
+          "kv-accounting", "overlap, k >= 1, a request decoding to within k tokens of its "
+          "context limit"),
+    Fault("retract-inferred-free", 6, "engine/accounting.py Memory.release",
+          "on retraction the pages to free are computed from the host-inferred sequence "
+          "length (prompt + output) instead of the page list; the draft reserve beyond it "
+          "is never freed",
+          "SGLang: release computed from inferred seq lens instead of committed/allocated "
+          "lengths (double or missed frees across overlap x page x spec x retract/finish)",
+          "kv-accounting", "a retraction under memory pressure of a request holding reserve"),
+    Fault("teardown-skips-draft", 7, "engine/accounting.py Memory.release",
+          "the tear-down of a request that still rides an unprocessed batch frees only its "
+          "prefill/decode pages, leaving the draft-reserve pages to a verify-side free that "
+          "never happens: a fixed leak per request finished under overlap",
+          "SGLang frozen-KV MTP under overlap (seed PR): a fixed leak per finished request, "
+          "the verify-side free of rejected draft slots racing the schedule-side tear-down",
+          "kv-accounting", "overlap and spec; a request finishing or aborting in flight"),
+    Fault("stop-cut-after-length", 8, "engine/loop.py Engine._append",
+          "an accept run that crosses max_new_tokens is cut at the length limit first and "
+          "finished as 'length', without scanning it for a stop token: tokens after the stop "
+          "are kept",
+          "SGLang/vLLM: stop token inside an accept run that also crosses max_new_tokens "
+          "(finished as length, post-stop tokens kept)",
+          "lifecycle", "spec, stop ids, a stop token inside the final accept run"),
+    Fault("lagged-verify-counted", 9, "engine/loop.py Engine._process",
+          "the verify result of a request whose finish was already known when its lagged "
+          "batch is processed is counted again in its accept lengths",
+          "SGLang spec metrics: finished or retracted requests in the lagged batch counted "
+          "again (mean accept length reported too low)",
+          "metrics", "overlap and spec; a request finishing while riding the next batch"),
+    Fault("abort-zombie", 10, "engine/scheduler.py Scheduler._decodable",
+          "a request marked aborted keeps being scheduled for decode; its teardown waits "
+          "until it rides no unprocessed batch, which under overlap never happens again",
+          "SGLang: abort arriving in the batch-transition window leaves a zombie request "
+          "that decodes forever",
+          "liveness", "overlap; an abort arriving while the request rides a batch"),
+    Fault("no-copy-done-wait", 11, "engine/worker.py SpecWorker.collect",
+          "the host reads the pinned tokens and accept lengths without waiting for the "
+          "copy-done event of the non-blocking D2H copy: it sees the previous batch's values "
+          "or poison",
+          "SGLang zero-bubble spec v2 (seed PR): host reading a pinned buffer filled by a "
+          "non-blocking D2H copy before its event (stale accept lengths / tokens)",
+          "parity", "the copy stream (or the forward) lagging behind the host"),
+    Fault("single-staging-buffer", 12, "engine/worker.py SpecWorker.launch",
+          "the pinned H2D staging buffers are not double-buffered: the host rewrites them "
+          "for batch i while the non-blocking copy of batch i-1 has not yet run, so batch "
+          "i-1 runs on batch i's metadata and cells",
+          "SGLang (pin_memory in forward_batch.init_new, seed PR): pinned H2D staging buffer "
+          "overwritten by the host before the previous copy finished",
+          "kv-canary", "overlap, with the schedule stream behind the host"),
+    Fault("hidden-seq-lens-sync", 19, "engine/worker.py SpecWorker._decode",
+          "each decode step reads the device-side sequence lengths back with a blocking "
+          "copy to sum them on the host",
+          "SGLang PR #23452 review: seq_lens.sum().item() for backends without a "
+          "preallocated buffer, a hidden host sync per decode step",
+          "no-hidden-sync", "any decode step"),
+)
+
+FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}
