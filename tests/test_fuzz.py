@@ -1,0 +1,99 @@
+"""The fuzzer on the clean engine, its determinism, the state machine, the plugin's
+fixtures, and crash safety of repro writing."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from hypothesis import settings
+
+from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.fuzz.campaign import Campaign, Options
+from overlapcheck.fuzz.machine import machine_for
+
+CFG = EngineConfig(page_size=2, pool_tokens=98, row_width=48, max_running=4, chunk_size=8)
+
+
+def test_clean_campaign_finds_nothing_and_is_deterministic():
+    a = Campaign(Options(seconds=None, examples=30, seed=4)).run().summary()
+    b = Campaign(Options(seconds=None, examples=30, seed=4)).run().summary()
+    assert a["findings"] == [], a["findings"]
+    assert (a["examples"], a["steps"]) == (b["examples"], b["steps"])
+
+
+def test_replaying_recorded_choices_gives_the_same_digest():
+    case = Case(CFG, generate(2, 6, CFG), ScheduleSpec("pct", 9))
+    first = run_case(case)
+    again = run_case(case, choices=first.choices)
+    assert again.digest == first.digest and not again.diverged
+    other = run_case(Case(CFG, case.workload, ScheduleSpec("pct", 10)))
+    assert other.choices != first.choices
+
+
+def test_stalls_schedule_changes_interleaving_not_results():
+    case = Case(CFG, generate(3, 6, CFG), ScheduleSpec("stalls", 0, (("forward", 2, 30),)))
+    eager = run_case(Case(CFG, case.workload, ScheduleSpec("stalls")))
+    stalled = run_case(case)
+    assert not stalled.findings and not eager.findings
+    assert stalled.result.requests == eager.result.requests
+    assert stalled.choices != eager.choices
+
+
+TestEngineMachine = machine_for(CFG).TestCase
+TestEngineMachine.settings = settings(max_examples=15, stateful_step_count=25, deadline=None)
+
+
+def test_cli_fuzz_clean_json(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "overlapcheck", "fuzz", "--examples", "12",
+                        "--json", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["examples"] == 12 and s["findings"] == []
+
+
+def test_cli_fuzz_bad_flags_exit_2(capsys):
+    from overlapcheck.cli import main
+    for argv in (["--device", "tpu"], ["--model", "nope"], ["--check", "no-such-check"],
+                 ["--jobs", "0"], ["--time", "0"], ["--fault", "no-such-fault"]):
+        assert main(["fuzz", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+_WRITER = r"""
+import sys
+from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.fuzz import Case, Finding, run_case
+from overlapcheck.repro import Repro, save
+cfg = EngineConfig(pool_tokens=256, row_width=64)
+case = Case(cfg, generate(1, 40, cfg))
+r = Repro(case, list(range(20000)), Finding("lifecycle", ("x",), 1, "t"), "d")
+print("ready", flush=True)
+i = 0
+while True:
+    save(r, f"{sys.argv[1]}/r{i % 7}.yaml")
+    i += 1
+"""
+
+
+def test_sigkill_leaves_written_repros_intact(tmp_path):
+    from overlapcheck.repro import load
+    p = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.5)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    written = [f for f in os.listdir(tmp_path) if f.endswith(".yaml")]
+    assert written
+    for name in written:
+        assert len(load(str(tmp_path / name)).choices) == 20000
+
+
+def test_plugin_fixtures_on_a_clean_config(overlapcheck_run, overlapcheck_fuzz):
+    out = overlapcheck_run(CFG, generate(8, 5, CFG))
+    assert out.result.summary.finished + out.result.summary.aborts == 5
+    overlapcheck_fuzz(CFG, examples=8)
