@@ -1,0 +1,148 @@
+"""A Llama / Qwen2 / Qwen3 decoder over the engine's paged KV cache.
+
+KV row of a slot: ``[token, position, request id]`` (the canary the checkers read,
+exact in float32), then per layer the rotated K and the V of every KV head
+(``2 * num_key_value_heads * head_dim`` columns). As in ``fake_models.tiny``:
+``write`` stores the rows of new tokens layer by layer (causal within one call, so
+prefill chunks and verify windows work), and ``column`` recomputes the last context
+token through every layer from the cache, reading every context slot through the
+request->token table. Every op is from ``hf.ops``: bitwise batch invariant.
+
+Weights come from a zero-argument ``source`` (HF names, float32, ``[out, in]``) that is
+called on first use only, so naming a real size costs nothing until it runs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import torch
+
+from . import ops as O
+from .config import DecoderConfig
+
+TOK, POS, RID = 0, 1, 2
+META = 3
+MAX_POS = 4096
+
+
+class Decoder:
+    """One decoder (target or standalone draft) of ``cfg``; weights from ``source()``."""
+
+    def __init__(self, cfg: DecoderConfig, source: Callable[[], Dict[str, torch.Tensor]]):
+        self.cfg, self._source = cfg, source
+        self.kvw = cfg.num_key_value_heads * cfg.head_dim
+        self.kv_width = META + 2 * self.kvw * cfg.num_hidden_layers
+        self._cpu: Optional[dict] = None
+        self._dev: Dict[str, dict] = {}
+
+    def _prepare(self) -> dict:
+        c, t = self.cfg, self._source()
+        mat = lambda n: t[n].t().contiguous()                      # noqa: E731  [in, out]
+        layers = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            L = {k: mat(p + n) for k, n in (("wq", "self_attn.q_proj.weight"),
+                                           ("wk", "self_attn.k_proj.weight"),
+                                           ("wv", "self_attn.v_proj.weight"),
+                                           ("wo", "self_attn.o_proj.weight"),
+                                           ("wg", "mlp.gate_proj.weight"),
+                                           ("wu", "mlp.up_proj.weight"),
+                                           ("wd", "mlp.down_proj.weight"))}
+            L["ln1"], L["ln2"] = t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"]
+            for k in ("q", "k", "v"):
+                L["b" + k] = t.get(p + f"self_attn.{k}_proj.bias")
+            L["qn"], L["kn"] = t.get(p + "self_attn.q_norm.weight"), t.get(p + "self_attn.k_norm.weight")
+            layers.append(L)
+        embed = t["model.embed_tokens.weight"]
+        head = embed if c.tie_word_embeddings else t["lm_head.weight"]
+        cos, sin = O.rope_tables(MAX_POS, c.head_dim, c.rope_theta, c.rope_llama3)
+        return {"embed": embed, "head": head.t().contiguous(), "norm": t["model.norm.weight"],
+                "cos": cos, "sin": sin, "layers": layers}
+
+    def weights(self, device) -> dict:
+        """The prepared weights on ``device`` (built and copied once per device)."""
+        key = str(device)
+        if key not in self._dev:
+            if self._cpu is None:
+                self._cpu = self._prepare()
+            to = lambda x: None if x is None else x.to(device)      # noqa: E731
+            w = {k: to(v) for k, v in self._cpu.items() if k != "layers"}
+            w["layers"] = [{k: to(v) for k, v in L.items()} for L in self._cpu["layers"]]
+            self._dev[key] = w
+        return self._dev[key]
+
+    # -- pieces ---------------------------------------------------------------------------
+    def cols(self, l: int):
+        k = META + 2 * self.kvw * l
+        return k, k + self.kvw, k + 2 * self.kvw
+
+    def _heads(self, x, w, b, norm, n_heads, pos, W):
+        c = self.cfg
+        y = O.linear(x, w, b).reshape(x.shape[0], n_heads, c.head_dim)
+        if norm is not None:
+            y = O.rms_norm(y, norm, c.rms_norm_eps)
+        return O.rope(y, pos, W["cos"], W["sin"])
+
+    def kv_of(self, W, l: int, x, pos):
+        """Layer ``l``'s rotated K and V rows (``[q, kvw]`` each) of normed inputs ``x``."""
+        c, L = self.cfg, W["layers"][l]
+        k = self._heads(x, L["wk"], L["bk"], L["kn"], c.num_key_value_heads, pos, W)
+        return k.reshape(x.shape[0], -1), O.linear(x, L["wv"], L["bv"])
+
+    def attention(self, W, l: int, x, kv, cols, slots, mask, pos):
+        """Layer ``l``'s attention of queries ``x`` (normed) at ``pos`` over ``kv``'s
+        columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask``; ``[q, d]``."""
+        c, L = self.cfg, W["layers"][l]
+        q = self._heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, pos, W)
+        n, width = slots.shape
+        shape = (n, width, c.num_key_value_heads, c.head_dim)
+        a = O.attend_gqa(q, kv[slots, cols[0]:cols[1]].reshape(shape),
+                         kv[slots, cols[1]:cols[2]].reshape(shape), mask)
+        return O.linear(a.reshape(n, -1), L["wo"])
+
+    def mlp(self, W, l: int, h):
+        L, eps = W["layers"][l], self.cfg.rms_norm_eps
+        x = O.rms_norm(h, L["ln2"], eps)
+        return h + O.linear(O.silu(O.linear(x, L["wg"])) * O.linear(x, L["wu"]), L["wd"])
+
+    def layer(self, W, l: int, h, x, kv, table, rows, pos):
+        """Layer ``l`` for queries whose K/V are cached: attention over positions
+        ``0..pos`` of each query's row, then the MLP; the new residual."""
+        slots, mask = O.context_slots(table, rows, pos)
+        h = h + self.attention(W, l, x, kv, self.cols(l), slots, mask, pos)
+        return self.mlp(W, l, h)
+
+    # -- the interface the model uses ----------------------------------------------------
+    def write(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
+        """Write the KV rows of new tokens (all layers), causally within the call."""
+        W, eps = self.weights(kv.device), self.cfg.rms_norm_eps
+        slots = table[rows, pos]
+
+        def store(a: int, b: int, val) -> None:
+            if keep is not None:
+                val = torch.where(keep.unsqueeze(1), val, kv[slots, a:b])
+            kv[slots, a:b] = val
+
+        store(0, META, torch.stack([toks, pos, rids], 1).to(kv.dtype))
+        h = W["embed"][toks]
+        n = len(W["layers"])
+        for l in range(n):
+            x = O.rms_norm(h, W["layers"][l]["ln1"], eps)
+            k0, k1, v1 = self.cols(l)
+            k, v = self.kv_of(W, l, x, pos)
+            store(k0, k1, k)
+            store(k1, v1, v)
+            if l + 1 < n:
+                h = self.layer(W, l, h, x, kv, table, rows, pos)
+
+    def hidden(self, kv, table, rows, ctx) -> torch.Tensor:
+        """Final normed hidden state of the token at ``ctx - 1`` (its K/V cached)."""
+        W, eps = self.weights(kv.device), self.cfg.rms_norm_eps
+        pos = ctx - 1
+        h = W["embed"][kv[table[rows, pos], TOK].long()]
+        for l, L in enumerate(W["layers"]):
+            h = self.layer(W, l, h, O.rms_norm(h, L["ln1"], eps), kv, table, rows, pos)
+        return O.rms_norm(h, W["norm"], eps)
+
+    def logits(self, W, hidden) -> torch.Tensor:
+        return O.linear(hidden, W["head"])
