@@ -21,7 +21,9 @@ def register(subparsers) -> None:
     src.add_argument("--workload", metavar="FILE.yaml", help="load the workload from a YAML file")
     p.add_argument("--seed", type=int, default=0, help="run seed (workload, schedule)")
     p.add_argument("--device", default="sim", choices=("sim", "cuda"))
-    p.add_argument("--model", default="oracle", choices=("oracle", "tiny"))
+    p.add_argument("--model", default="oracle", metavar="MODEL", type=_model_name,
+                   help="oracle, tiny, trained, hf:DIR (HF-format Llama/Qwen directory) "
+                        "or random:NAME (e.g. random:qwen3-0.6b)")
     p.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"),
                    help="draft kind (standalone model, EAGLE-style head, frozen-KV MTP)")
     p.add_argument("--spec-steps", type=int, default=3, metavar="K")
@@ -42,6 +44,17 @@ def register(subparsers) -> None:
     p.add_argument("--log", metavar="FILE", help="write the event stream as JSON lines")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
+
+
+def _model_name(text: str) -> str:
+    """The *form* of a model name (argparse type); the model is resolved later."""
+    import argparse
+    from .config import EngineConfig
+    try:
+        EngineConfig(model=text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _checks(text: str):
@@ -98,7 +111,11 @@ def run(args) -> int:
         log = RunLog(args.log, info) if args.log else None
     except OSError as e:
         raise UsageError(f"cannot write {args.log}: {e.strerror}") from None
-    run = run_checked(cfg, wl, checks, rt=rt, model=make_model(cfg.model), log=log)
+    try:
+        model = make_model(cfg.model)
+    except ValueError as e:   # fake_models.hf.ModelError: one line naming the file or tensor
+        raise UsageError(str(e)) from None
+    run = run_checked(cfg, wl, checks, rt=rt, model=model, log=log)
     res, found = run.result, run.violations
     if args.json:
         doc = res.to_json() if res is not None else {"requests": [], "summary": None}

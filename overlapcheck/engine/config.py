@@ -32,7 +32,9 @@ class EngineConfig:
       decoding (off: one token per decode step).
     * ``draft_kind``: ``standalone`` (a draft model with its own KV), ``eagle`` (a head
       on the target's hidden states, its own one-layer KV) or ``mtp`` (frozen-KV: reads
-      the target KV, none of its own); ``model``: ``oracle`` or ``tiny``.
+      the target KV, none of its own); ``model``: ``oracle``, ``tiny``, ``trained``,
+      ``hf:DIR`` or ``random:NAME`` (the form is checked here; ``fake_models.make_model``
+      resolves it).
     """
 
     page_size: int = 1
@@ -71,7 +73,10 @@ class EngineConfig:
              f"draft_reserve must be one of {', '.join(RESERVE_RULES)}, got {self.draft_reserve!r}")
         need(self.draft_kind in DRAFT_KINDS,
              f"draft_kind must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
-        need(self.model in MODELS, f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        need(isinstance(self.model, str) and (self.model in MODELS + ("trained",) or (
+            self.model.startswith(("hf:", "random:")) and self.model.split(":", 1)[1] != "")),
+             f"model must be one of {', '.join(MODELS)}, trained, hf:DIR or random:NAME, "
+             f"got {self.model!r}")
         need(isinstance(self.faults, (tuple, list)), f"faults must be a list of names, got {self.faults!r}")
         object.__setattr__(self, "faults", tuple(self.faults))
         check_names(self.faults)
