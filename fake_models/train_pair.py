@@ -76,7 +76,6 @@ class Dense(torch.nn.Module):
 def train(cfg: DecoderConfig, name: str, seed: int, steps: int, device: str, batch: int = 128,
           length: int = 96, share: float = 0.7, lr: float = 3e-3, log=print) -> dict:
     """Train one decoder on the corpus; its HF-named CPU tensors."""
-    torch.manual_seed(seeds.derive(seed, "train", name) % (2 ** 63))   # dropout-free; kernels only
     model = Dense(cfg, Wt.random_init(cfg, seed, "train." + name)).to(device)
     succ, probs = corpus.transition_table(VOCAB, seed, share)
     g = torch.Generator().manual_seed(seeds.derive(seed, "batches", name) % (2 ** 63))
