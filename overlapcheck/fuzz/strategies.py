@@ -72,7 +72,9 @@ def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
         # up to 6 stop ids: a stop inside an accept run (and at its end) is common enough
         stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=6))) if feat.stops else ()
         seeded = feat.seeded and draw(st.booleans())
-        reqs.append(RequestSpec(rid, step, prompt, draw(st.integers(1, 24)), stop,
+        # some requests run to the context limit: the row boundary is an edge of its own
+        max_new = draw(st.one_of(st.integers(1, 24), st.just(cfg.max_context)))
+        reqs.append(RequestSpec(rid, step, prompt, max_new, stop,
                                 draw(st.integers(0, 2 ** 16)) if seeded else 0,
                                 SEEDED if seeded else GREEDY))
         if feat.aborts and draw(st.booleans()):
