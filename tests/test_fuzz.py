@@ -84,7 +84,11 @@ def test_sigkill_leaves_written_repros_intact(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE,
                          text=True)
     assert p.stdout.readline().strip() == "ready"
-    time.sleep(1.5)
+    deadline = time.monotonic() + 60
+    while len([f for f in os.listdir(tmp_path) if f.endswith(".yaml")]) < 3:
+        assert time.monotonic() < deadline, "the writer wrote nothing"
+        time.sleep(0.05)
+    time.sleep(0.3)   # let it get into the middle of further writes
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     written = [f for f in os.listdir(tmp_path) if f.endswith(".yaml")]
