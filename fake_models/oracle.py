@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .kv_store import kept_sources, store
+
 M = 2147483647          # 2**31 - 1: every intermediate stays far below 2**63
 KV_WIDTH = 3            # token, position, request id
 TOK, POS, RID = 0, 1, 2
@@ -82,9 +84,7 @@ class OracleModel:
         """Store the KV rows of new tokens at their slots (``keep``: only where True)."""
         slots = table[rows, pos]
         new = self.kv_rows(toks, pos, rids)
-        if keep is not None:
-            new = torch.where(keep.unsqueeze(1), new, kv[slots])
-        kv[slots] = new
+        store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
 
     write_draft_kv = write_kv
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .kv_store import kept_sources, store
 from .oracle import KV_WIDTH, POS, RID, TOK, M, OracleModel, mix, term
 
 FEAT = KV_WIDTH   # the EAGLE KV's feature column
@@ -37,9 +38,7 @@ class OracleEagleHead:
         """Draft position ``pos`` from (token ``t_{pos+1}``, feature ``f_pos``)."""
         slots = table[rows, pos]
         new = torch.stack([toks, pos, rids, feats[:, 0]], 1)
-        if keep is not None:
-            new = torch.where(keep.unsqueeze(1), new, ekv[slots])
-        ekv[slots] = new
+        store(ekv, slots, new, None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
     def out(self, ekv, table, rows, pos, seeds, seeded):
         """Head output at draft position ``pos``: the next hidden state (``f_{pos+1}``)

@@ -24,6 +24,8 @@ import torch
 from overlapcheck import seeds
 
 from . import tiny_ops as T
+from .kv_store import kept_sources
+from .kv_store import store as store_rows
 from .oracle import SEEDED_PERCENT, mix
 
 TOK, POS, RID = 0, 1, 2
@@ -71,11 +73,10 @@ class Stack:
     def write(self, W, kv, table, rows, pos, toks, rids, keep=None) -> None:
         """Write the KV rows of new tokens (all layers), causally within the call."""
         slots = table[rows, pos]
+        src = None if keep is None else kept_sources(kv.shape[0], slots, keep)
 
         def store(a: int, b: int, val) -> None:
-            if keep is not None:
-                val = torch.where(keep.unsqueeze(1), val, kv[slots, a:b])
-            kv[slots, a:b] = val
+            store_rows(kv[:, a:b], slots, val, src)
 
         store(0, META, torch.stack([toks, pos, rids], 1).to(kv.dtype))
         h = W["embed"][toks]

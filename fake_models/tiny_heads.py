@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import tiny_ops as T
+from .kv_store import kept_sources, store
 from .tiny import META, TinyModel, _normal, layer_weights
 
 
@@ -61,9 +62,8 @@ class TinyEagleHead(_Head):
         k = T.rope(T.linear(n, P["wk"]), pos, W["cos"], W["sin"])
         meta = torch.stack([toks, pos, rids], 1).to(ekv.dtype)
         new = torch.cat([meta, x, k, T.linear(n, P["wv"])], 1)
-        if keep is not None:
-            new = torch.where(keep.unsqueeze(1), new, ekv[slots, :META + 3 * d])
-        ekv[slots, :META + 3 * d] = new
+        store(ekv[:, :META + 3 * d], slots, new,
+              None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
     def out(self, ekv, table, rows, pos, seeds, seeded):
         """Head output at draft position ``pos``: hidden, and the token for ``pos + 2``."""

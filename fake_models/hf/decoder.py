@@ -17,6 +17,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from ..kv_store import kept_sources
+from ..kv_store import store as store_rows
 from . import ops as O
 from .config import DecoderConfig
 
@@ -117,11 +119,10 @@ class Decoder:
         """Write the KV rows of new tokens (all layers), causally within the call."""
         W, eps = self.weights(kv.device), self.cfg.rms_norm_eps
         slots = table[rows, pos]
+        src = None if keep is None else kept_sources(kv.shape[0], slots, keep)
 
         def store(a: int, b: int, val) -> None:
-            if keep is not None:
-                val = torch.where(keep.unsqueeze(1), val, kv[slots, a:b])
-            kv[slots, a:b] = val
+            store_rows(kv[:, a:b], slots, val, src)
 
         store(0, META, torch.stack([toks, pos, rids], 1).to(kv.dtype))
         h = W["embed"][toks]

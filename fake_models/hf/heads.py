@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import torch
 
+from ..kv_store import kept_sources, store
 from . import ops as O
 from .decoder import META, Decoder
 
@@ -77,9 +78,8 @@ class EagleHead(_Head):
         k, v = self.dec.kv_of(W, 0, O.rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps), pos)
         meta = torch.stack([toks, pos, rids], 1).to(ekv.dtype)
         new = torch.cat([meta, x, k, v], 1)
-        if keep is not None:
-            new = torch.where(keep.unsqueeze(1), new, ekv[slots, :self.kv_width])
-        ekv[slots, :self.kv_width] = new
+        store(ekv[:, :self.kv_width], slots, new,
+              None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
     def out(self, ekv, table, rows, pos, seeds, seeded):
         """Head output at draft position ``pos``: hidden, and the token for ``pos + 2``."""

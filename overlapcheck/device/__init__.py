@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import seeds
-from .api import ACCESS_MODES, AnnotationError, Event, RaceError, Runtime, Stream, StuckWait
+from .api import ACCESS_MODES, AnnotationError, DuplicateWriteError, Event, RaceError, Runtime, Stream, StuckWait
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, Region, is_poison, poison_value
 from .sched import STRATEGIES, Diverged, Replay, Strategy, make_strategy
 
 DEVICES = ("sim", "cuda")
 
 __all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
-           "AnnotationError", "RaceError", "StuckWait", "Diverged", "Replay", "Strategy",
+           "AnnotationError", "DuplicateWriteError", "RaceError", "StuckWait", "Diverged", "Replay", "Strategy",
            "DEVICES", "STRATEGIES", "ACCESS_MODES", "DEVICE", "PINNED", "PAGEABLE",
            "is_poison", "poison_value"]
 

@@ -37,6 +37,11 @@ class AnnotationError(Exception):
     """A launch touched memory outside its declared accesses."""
 
 
+class DuplicateWriteError(AnnotationError):
+    """A launch wrote one index of a tracked buffer twice with different values in one
+    indexed write (sim, exact inference): CPU keeps the last, CUDA any of them."""
+
+
 class StuckWait(RuntimeError):
     """A host wait that can never complete: the device work it needs waits, directly or
     through other streams, for a host action that comes only after the wait (a flag the
@@ -257,6 +262,10 @@ class Runtime:
         mode = InferMode(self._by_storage, self.exact_rows)
         with mode:
             out = fn(*args, **kwargs)
+        if mode.acc.hazards:
+            raise DuplicateWriteError(f"launch '{name}': indexed write into "
+                                      f"{mode.acc.hazards[0]}; its result depends on the "
+                                      f"order duplicates land in (unspecified on CUDA)")
         if declared is not None:
             self._check_declared(mode.acc, declared, name)
         self._feed(ctx, clock, op, mode.acc, declared)

@@ -7,7 +7,9 @@ buffer touches only its rows); an index op on a buffer counts as touching the wh
 buffer, because its indices live on the device. An annotation may narrow that
 (``buf.rows(...)``); on the sim, where indices are plain CPU tensors, ``exact`` mode
 also computes the rows index ops really touch, so the runtime can check that an
-annotation did not hide a real access. On cuda the rows an index op touches cannot be
+annotation did not hide a real access, and flags indexed writes (``index_put_``,
+``index_copy_``) whose duplicate indices carry different values: on CUDA the winner
+among duplicates is unspecified, so such a write is not portable. On cuda the rows an index op touches cannot be
 seen without a sync: there only the buffer (and row-view geometry) is checked.
 """
 from __future__ import annotations
@@ -84,6 +86,7 @@ class AccessSet:
         self.by_mem: Dict[object, list] = {}
         self.exact: Dict[object, list] = {}
         self.touched: Dict[object, List[bool]] = {}  # mem -> [read, written]
+        self.hazards: List[str] = []  # indexed writes whose result depends on duplicate order
 
     @staticmethod
     def _merge(table: Dict[object, list], buf: Buffer, write: bool, rows: Rows) -> None:
@@ -164,4 +167,63 @@ class InferMode(TorchDispatchMode):
                         self._note(x, write, False, None)
                 else:
                     self._note(v, write, indexed, index_rows if indexed else None)
+        if self.exact and index_op is not None:
+            self._check_duplicates(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _check_duplicates(self, func, args, kwargs) -> None:
+        """Note an indexed write into a tracked buffer whose duplicate indices carry
+        different values (CPU applies the last one; CUDA picks any)."""
+        name = func._schema.name.split("::")[-1]
+        if name in ("index_put_", "_index_put_impl_"):
+            acc = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            if acc or not isinstance(args[1], (list, tuple)):
+                return
+            dst, idx, vals = args[0], list(args[1]), args[2]
+        elif name == "index_copy_":
+            if args[1] != 0:
+                return
+            dst, idx, vals = args[0], [args[2]], args[3]
+        else:
+            return
+        buf = self.lookup.get(dst.untyped_storage().data_ptr())
+        if buf is None or buf.t is None:
+            return
+        where = order_dependent_write(dst, idx, vals)
+        if where is not None:
+            self.acc.hazards.append(f"'{buf.owner}' {where}")
+
+
+def order_dependent_write(dst: torch.Tensor, idx: list, vals: torch.Tensor) -> Optional[str]:
+    """For ``dst[idx] = vals`` (no accumulate): a description of the first index that
+    occurs more than once with different values, or None when the result does not
+    depend on the order duplicates are applied in. Only CPU integer index tensors that
+    lead the index list are judged (others: None)."""
+    if not idx or any(not isinstance(i, torch.Tensor) or i.device.type != "cpu"
+                      or i.dtype in (torch.bool, torch.uint8) for i in idx):
+        return None
+    try:
+        keys = torch.broadcast_tensors(*idx)
+    except RuntimeError:
+        return None
+    n = keys[0].numel()
+    if n < 2:
+        return None
+    key = torch.stack([k.reshape(-1) for k in keys], 1)
+    key = torch.where(key < 0, key + torch.tensor(dst.shape[:len(idx)]), key)
+    uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+    if uniq.shape[0] == n:
+        return None
+    shape = tuple(keys[0].shape) + tuple(dst.shape[len(idx):])
+    v = vals.to(dst.dtype).expand(shape).reshape(n, -1)
+    first = torch.full((uniq.shape[0],), n).scatter_reduce(0, inv, torch.arange(n), "amin")
+    ref = v[first[inv]]
+    differ = v != ref
+    if v.is_floating_point() or v.is_complex():
+        differ &= ~(v.isnan() & ref.isnan())
+    bad = differ.any(1).nonzero().flatten()
+    if bad.numel() == 0:
+        return None
+    i = int(bad[0])
+    return (f"index {tuple(int(x) for x in key[i])} written twice with different values "
+            f"(entries {int(first[inv[i]])} and {i})")
