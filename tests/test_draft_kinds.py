@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from fake_models import make_model
-from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import EngineConfig, generate
+
+from engine_checks import assert_parity, run_clean
 
 STRATEGIES = ("random", "pct", "buggify", "eager")
 KINDS = ("standalone", "eagle", "mtp")
@@ -31,29 +31,6 @@ def _cfg(seed, kind, model, **kw):
                 max_running=6, chunk_size=16, draft_kind=kind, model=model)
     base.update(kw)
     return EngineConfig(**base)
-
-
-def run_clean(cfg, wl, seed, strategy, access="declared"):
-    rt = make_runtime("sim", seed=seed, strategy=strategy, access=access)
-    eng = Engine(cfg, rt, make_model(cfg.model))
-    res = eng.run(wl)
-    assert not rt.reports, str(rt.reports[0])
-    assert rt.syncs == eng.worker.declared_syncs, "host syncs beyond the declared ones"
-    assert eng.idle and eng.mem.is_full(), "pool not back to full at idle"
-    eng.mem.check_integrity(eng.requests)
-    return res
-
-
-def assert_parity(ref, got, what, accept=True):
-    for rid, a in ref.requests.items():
-        b = got.requests[rid]
-        if "abort" in (a.finish_reason, b.finish_reason):
-            n = min(len(a.tokens), len(b.tokens))
-            assert a.tokens[:n] == b.tokens[:n], f"{what}: request {rid} diverges before its abort"
-            continue
-        assert (a.tokens, a.finish_reason) == (b.tokens, b.finish_reason), f"{what}: request {rid}"
-        if accept:
-            assert a.accept_lens == b.accept_lens, f"{what}: request {rid} accept lengths"
 
 
 def check(seed, kind, model, n, max_new, strategies, access="declared"):

@@ -10,7 +10,8 @@ from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 
-from test_draft_kinds import KINDS, assert_parity
+from engine_checks import assert_parity
+from test_draft_kinds import KINDS
 
 pytestmark = pytest.mark.gpu
 

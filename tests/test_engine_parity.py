@@ -11,6 +11,8 @@ from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 from overlapcheck.engine import events as E
 
+from engine_checks import assert_parity, run_clean
+
 STRATEGIES = ("random", "pct", "buggify", "eager")
 
 
@@ -19,30 +21,6 @@ def _cfg(seed, **kw):
                 max_running=6, chunk_size=16)
     base.update(kw)
     return EngineConfig(**base)
-
-
-def run_clean(cfg, wl, seed, strategy, access="declared", observer=None):
-    """Run and assert what every clean run must satisfy."""
-    rt = make_runtime("sim", seed=seed, strategy=strategy, access=access)
-    eng = Engine(cfg, rt, OracleModel(), observer)
-    res = eng.run(wl)
-    assert not rt.reports, str(rt.reports[0])
-    assert rt.syncs == eng.worker.declared_syncs, "host syncs beyond the declared ones"
-    assert eng.idle and eng.mem.is_full(), "pool not back to full at idle"
-    eng.mem.check_integrity(eng.requests)
-    return res
-
-
-def assert_parity(ref, got, what, accept=True):
-    for rid, a in ref.requests.items():
-        b = got.requests[rid]
-        if "abort" in (a.finish_reason, b.finish_reason):
-            n = min(len(a.tokens), len(b.tokens))
-            assert a.tokens[:n] == b.tokens[:n], f"{what}: request {rid} diverges before its abort"
-            continue
-        assert (a.tokens, a.finish_reason) == (b.tokens, b.finish_reason), f"{what}: request {rid}"
-        if accept:
-            assert a.accept_lens == b.accept_lens, f"{what}: request {rid} accept lengths"
 
 
 def check_workload(seed, strategies, n=12, access="declared"):

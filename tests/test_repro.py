@@ -122,3 +122,14 @@ def test_loader_never_tracebacks_or_executes(data):
         assert "\n" not in str(e)
     else:
         assert isinstance(r, Repro)
+
+
+def test_emit_pytest_writes_a_runnable_regression_test(tmp_path):
+    r = _repro()
+    path = tmp_path / "r.yaml"
+    save(r, str(path))
+    from overlapcheck.cli import main
+    assert main(["replay", str(path), "--emit-pytest", str(tmp_path / "test_regression.py")]) == 0
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_regression.py")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr   # the planted finding is absent: "fixed"

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-from typing import Optional
 
 from .. import seeds
 from .api import ACCESS_MODES, AnnotationError, DuplicateWriteError, Event, RaceError, Runtime, Stream, StuckWait

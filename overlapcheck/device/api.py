@@ -27,7 +27,7 @@ import sys
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..race import Detector, OpInfo, RaceReport
-from .buffers import Buffer, Region, as_region
+from .buffers import PAGEABLE, PINNED, Buffer, as_region
 from .infer import AccessSet, InferMode
 
 ACCESS_MODES = ("infer", "declared")
@@ -270,6 +270,26 @@ class Runtime:
             self._check_declared(mode.acc, declared, name)
         self._feed(ctx, clock, op, mode.acc, declared)
         return out
+
+    def _host_rows(self, buf: Buffer, rows, write: bool, what: str):
+        """Check and record a host read or write of a pinned or pageable buffer."""
+        check_space(buf, (PINNED, PAGEABLE), what)
+        r = None if rows is None else frozenset(int(x) for x in rows)
+        self._host_access(buf, write, r, f"{what} {buf.name}")
+        return r
+
+    @staticmethod
+    def _read_rows(buf: Buffer, r):
+        return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
+
+    @staticmethod
+    def _write_rows(buf: Buffer, values, rows) -> None:
+        import torch
+        vals = torch.as_tensor(values, dtype=buf.t.dtype)
+        if rows is None:
+            buf.t.copy_(vals.reshape(buf.t.shape) if vals.numel() == buf.t.numel() else vals)
+        else:
+            buf.t[list(rows)] = vals
 
     def _host_access(self, buf: Buffer, write: bool, rows, name: str) -> None:
         if self.det is not None:

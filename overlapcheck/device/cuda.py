@@ -165,17 +165,10 @@ class CudaRuntime(Runtime):
         return out
 
     def host_view(self, buf: Buffer, rows=None) -> torch.Tensor:
-        check_space(buf, (PINNED, PAGEABLE), "host_view")
-        r = None if rows is None else frozenset(int(x) for x in rows)
-        self._host_access(buf, False, r, f"host_view {buf.name}")
-        return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
+        """The host reads a pinned or pageable buffer as it is now (a copy)."""
+        return self._read_rows(buf, self._host_rows(buf, rows, False, "host_view"))
 
     def host_write(self, buf: Buffer, values, rows=None) -> None:
-        check_space(buf, (PINNED, PAGEABLE), "host_write")
-        r = None if rows is None else frozenset(int(x) for x in rows)
-        self._host_access(buf, True, r, f"host_write {buf.name}")
-        vals = torch.as_tensor(values, dtype=buf.t.dtype)
-        if r is None:
-            buf.t.copy_(vals.reshape(buf.t.shape) if vals.numel() == buf.t.numel() else vals)
-        else:
-            buf.t[list(rows)] = vals
+        """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
+        self._host_rows(buf, rows, True, "host_write")
+        self._write_rows(buf, values, rows)

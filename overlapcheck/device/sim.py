@@ -342,20 +342,11 @@ class SimRuntime(Runtime):
 
     def host_view(self, buf: Buffer, rows=None) -> torch.Tensor:
         """The host reads a pinned or pageable buffer as it is now (a copy)."""
-        check_space(buf, (PINNED, PAGEABLE), "host_view")
         self._point()
-        r = None if rows is None else frozenset(int(x) for x in rows)
-        self._host_access(buf, False, r, f"host_view {buf.name}")
-        return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
+        return self._read_rows(buf, self._host_rows(buf, rows, False, "host_view"))
 
     def host_write(self, buf: Buffer, values, rows=None) -> None:
         """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
-        check_space(buf, (PINNED, PAGEABLE), "host_write")
         self._point()
-        r = None if rows is None else frozenset(int(x) for x in rows)
-        self._host_access(buf, True, r, f"host_write {buf.name}")
-        vals = torch.as_tensor(values, dtype=buf.t.dtype)
-        if r is None:
-            buf.t.copy_(vals.reshape(buf.t.shape) if vals.numel() == buf.t.numel() else vals)
-        else:
-            buf.t[list(rows)] = vals
+        self._host_rows(buf, rows, True, "host_write")
+        self._write_rows(buf, values, rows)

@@ -7,7 +7,6 @@ nothing was found, 1 when something was, 2 on a usage error.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 

@@ -11,6 +11,7 @@ spec on the sim instead.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 

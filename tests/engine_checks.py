@@ -1,0 +1,32 @@
+"""What every clean engine run must satisfy, and per-request parity between two runs
+(DESIGN §5), shared by the engine and draft-kind tests."""
+from fake_models import make_model
+from overlapcheck.device import make_runtime
+from overlapcheck.engine import Engine
+
+
+def run_clean(cfg, wl, seed, strategy, access="declared", observer=None):
+    """Run and assert: no race report, no undeclared host sync, the pool full and
+    consistent at idle."""
+    rt = make_runtime("sim", seed=seed, strategy=strategy, access=access)
+    eng = Engine(cfg, rt, make_model(cfg.model), observer)
+    res = eng.run(wl)
+    assert not rt.reports, str(rt.reports[0])
+    assert rt.syncs == eng.worker.declared_syncs, "host syncs beyond the declared ones"
+    assert eng.idle and eng.mem.is_full(), "pool not back to full at idle"
+    eng.mem.check_integrity(eng.requests)
+    return res
+
+
+def assert_parity(ref, got, what, accept=True):
+    """Same tokens and finish reason per request (a prefix for an aborted one) and,
+    with ``accept``, the same accept lengths by the request's own verify count."""
+    for rid, a in ref.requests.items():
+        b = got.requests[rid]
+        if "abort" in (a.finish_reason, b.finish_reason):
+            n = min(len(a.tokens), len(b.tokens))
+            assert a.tokens[:n] == b.tokens[:n], f"{what}: request {rid} diverges before its abort"
+            continue
+        assert (a.tokens, a.finish_reason) == (b.tokens, b.finish_reason), f"{what}: request {rid}"
+        if accept:
+            assert a.accept_lens == b.accept_lens, f"{what}: request {rid} accept lengths"
