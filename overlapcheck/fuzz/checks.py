@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from invariants.base import Violation, feed_all, make_checkers
+from invariants.base import Violation, make_checkers
 
 from .case import Case
 
@@ -26,13 +26,26 @@ class CheckSession:
         self._found.setdefault(f.key, f)
 
     def feed(self, ev) -> None:
+        """Feed one event; raise ``Halted`` when a fatal checker (liveness: a zombie)
+        reported, so the run stops there instead of at the engine's step bound."""
+        from invariants.drive import Halt
+        from overlapcheck.engine import events as E
         self._last_step = ev.iteration
-        for v in feed_all(self.checkers, ev):
-            self._violation(v)
+        for c in self.checkers:
+            found = c.feed(ev)
+            for v in found:
+                self._violation(v)
+            if found and c.fatal and not isinstance(ev, E.Stalled):
+                raise Halt(found[0])
 
     def stuck(self, step: int, message: str) -> None:
+        """The engine stopped on its own bound or a wait that can never complete. The
+        liveness checker reports it from the engine's ``Stalled`` event; this is the
+        fallback when liveness is off."""
         from .execute import Finding
-        self.add(Finding("liveness", ("engine-stuck",), step, f"[liveness] step {step}: {message}"))
+        if not any(f.checker == "liveness" for f in self._found.values()):
+            self.add(Finding("liveness", ("engine-stuck",), step,
+                             f"[liveness] step {step}: {message}"))
 
     def current(self) -> List:
         """Findings so far."""

@@ -15,7 +15,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from ..device import Diverged, Replay, make_runtime
+from invariants.drive import Halt
+
+from ..device import Diverged, Replay, StuckWait, make_runtime
 from ..engine import Engine, EngineStuck, RunResult
 from ..engine import events as E
 from .case import Case
@@ -106,7 +108,9 @@ def run_case(case: Case, choices: Optional[List[int]] = None, device: str = "sim
         result = eng.run(case.workload)
     except Diverged as e:
         diverged = str(e)
-    except EngineStuck as e:
+    except Halt:
+        pass   # a fatal checker (liveness) reported: its violation is a finding already
+    except (EngineStuck, StuckWait) as e:
         session.stuck(eng.iteration, str(e))
     except Exception as e:  # noqa: BLE001 - the engine's own failure is a finding
         session.add(_exception_finding(e, eng.iteration))
