@@ -30,3 +30,19 @@ def assert_parity(ref, got, what, accept=True):
         assert (a.tokens, a.finish_reason) == (b.tokens, b.finish_reason), f"{what}: request {rid}"
         if accept:
             assert a.accept_lens == b.accept_lens, f"{what}: request {rid} accept lengths"
+
+
+def check_parity_and_lossless(base: dict, wl, seed, model, what=""):
+    """Overlap vs non-overlap (tokens and accept lengths) and spec vs no-spec (tokens)
+    for one workload on config ``base``; aborted requests are skipped."""
+    from overlapcheck.engine import EngineConfig, run_workload
+    ref = run_workload(EngineConfig(**base, overlap=False), wl, seed=seed, model=model)
+    got = run_workload(EngineConfig(**base), wl, seed=seed, model=model)
+    nospec = run_workload(EngineConfig(**base, spec=False), wl, seed=seed, model=model)
+    assert got.summary.races == 0
+    for rid, a in ref.requests.items():
+        b, c = got.requests[rid], nospec.requests[rid]
+        if "abort" in (a.finish_reason, b.finish_reason, c.finish_reason):
+            continue
+        assert (a.tokens, a.accept_lens) == (b.tokens, b.accept_lens), f"parity {what} {rid}"
+        assert a.tokens == c.tokens, f"lossless {what} {rid}"

@@ -1,7 +1,6 @@
 """The HF-family loader and decoder on CPU: a tiny HF-format directory written here
 loads, matches a dense reference forward, is bitwise batch invariant; bad directories
 are one-line ``ModelError``s and ``overlapcheck run --model hf:DIR`` exits 2."""
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from fake_models.hf import ModelError, from_dir, random_pair
 from fake_models.hf import config as C
 from overlapcheck.engine import EngineConfig
 
+from engine_checks import check_parity_and_lossless
 from hf_fixtures import Paged, reference_logits, write_dir
 
 
@@ -144,7 +144,7 @@ def test_config_names():
 @pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
 def test_small_hf_parity_and_lossless(tmp_path, kind):
     """overlap == non-overlap per request (tokens and accept lengths), spec == no-spec."""
-    from overlapcheck.engine import generate, run_workload
+    from overlapcheck.engine import generate
     write_dir(tmp_path / "target", "tiny-qwen3", 0)
     write_dir(tmp_path / "draft", "tiny-qwen3", 1)
     model = make_model(f"hf:{tmp_path}")
@@ -153,16 +153,7 @@ def test_small_hf_parity_and_lossless(tmp_path, kind):
                 pool_tokens=(96, 512, 160)[seed], page_size=(1, 4, 2)[seed], max_running=5,
                 chunk_size=8)
     wl = generate(seed, 8, EngineConfig(**base), max_new=20)
-    ref = run_workload(EngineConfig(**base, overlap=False), wl, seed=seed, model=model)
-    got = run_workload(EngineConfig(**base), wl, seed=seed, model=model)
-    nospec = run_workload(EngineConfig(**base, spec=False), wl, seed=seed, model=model)
-    assert got.summary.races == 0
-    for rid, a in ref.requests.items():
-        b, c = got.requests[rid], nospec.requests[rid]
-        if "abort" in (a.finish_reason, b.finish_reason, c.finish_reason):
-            continue
-        assert (a.tokens, a.accept_lens) == (b.tokens, b.accept_lens), f"parity {rid}"
-        assert a.tokens == c.tokens, f"lossless {rid}"
+    check_parity_and_lossless(base, wl, seed, model)
 
 
 KINDS = ("standalone", "eagle", "mtp")

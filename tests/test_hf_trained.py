@@ -14,6 +14,8 @@ from fake_models import make_model
 from fake_models.accept_report import figures
 from fake_models.hf import TRAINED_DIR, from_dir
 
+from engine_checks import check_parity_and_lossless
+
 HAVE = os.path.isdir(os.path.join(TRAINED_DIR, "target"))
 need_weights = pytest.mark.skipif(not HAVE, reason=f"no committed trained pair in {TRAINED_DIR} "
                                   "(python -m fake_models.train_pair --out it on a GPU machine)")
@@ -54,23 +56,14 @@ def test_trained_missing_dir_is_one_line(tmp_path):
 @need_weights
 @pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
 def test_trained_parity_and_lossless(kind):
-    from overlapcheck.engine import EngineConfig, generate, run_workload
+    from overlapcheck.engine import EngineConfig, generate
     model = make_model("trained")
     for seed in ((0,) if kind == "standalone" else (1,)):
         base = dict(model="trained", draft_kind=kind, spec_steps=4, row_width=64,
                     pool_tokens=(160, 512)[seed], page_size=(1, 4)[seed], max_running=6,
                     chunk_size=16)
         wl = generate(seed, 6, EngineConfig(**base), max_new=24)
-        ref = run_workload(EngineConfig(**base, overlap=False), wl, seed=seed, model=model)
-        ovl = run_workload(EngineConfig(**base), wl, seed=seed, model=model)
-        nospec = run_workload(EngineConfig(**base, spec=False), wl, seed=seed, model=model)
-        assert ovl.summary.races == 0
-        for rid, a in ref.requests.items():
-            b, c = ovl.requests[rid], nospec.requests[rid]
-            if "abort" in (a.finish_reason, b.finish_reason, c.finish_reason):
-                continue
-            assert (a.tokens, a.accept_lens) == (b.tokens, b.accept_lens), f"parity {kind} {rid}"
-            assert a.tokens == c.tokens, f"lossless {kind} {rid}"
+        check_parity_and_lossless(base, wl, seed, model, kind)
 
 
 @need_weights
