@@ -35,6 +35,8 @@ class EngineConfig:
       the target KV, none of its own); ``model``: ``oracle``, ``tiny``, ``trained``,
       ``hf:DIR`` or ``random:NAME`` (the form is checked here; ``fake_models.make_model``
       resolves it).
+    * ``tp``: tensor-parallel ranks; every rank takes the same scheduling decisions and
+      rank 0's results are the engine's (``engine.tp``).
     """
 
     page_size: int = 1
@@ -49,6 +51,7 @@ class EngineConfig:
     draft_kind: str = "standalone"
     model: str = "oracle"
     faults: tuple = ()     # bug-zoo faults switched on (overlapcheck.faults), none by default
+    tp: int = 1            # tensor-parallel ranks (engine/tp.py: logical ranks on the sim)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -56,7 +59,7 @@ class EngineConfig:
                 raise ValueError(msg)
 
         for name in ("page_size", "pool_tokens", "row_width", "max_running", "chunk_size",
-                     "spec_steps"):
+                     "spec_steps", "tp"):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
