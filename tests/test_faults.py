@@ -82,6 +82,8 @@ SILENT = {
     "lagged-verify-counted": {"overlap": False},
     "abort-zombie": {"overlap": False},
     "single-staging-buffer": {"overlap": False},
+    "mtp-draft-reads-unfrozen-kv": {"draft_kind": "mtp", "spec_steps": 1},
+    "eagle-stash-batch-position": {"draft_kind": "eagle", "max_running": 1},
 }
 
 

@@ -27,6 +27,7 @@ from typing import List
 
 import torch
 
+from ..faults import FaultSet
 from .kernels import LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED, START
 
 
@@ -66,9 +67,11 @@ def eagle_step(head, ekv, table, meta, drafts, lens, hid, j, b):
 
 
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                 width, b):
+                 width, b, by_position=False):
     """Pairs of the accepted positions from the verify's tokens and the target's hidden
-    states; the head at the last one gives the next step's draft input (stashed)."""
+    states; the head at the last one gives the next step's draft input, stashed at the
+    request's FutureMap row (at its batch position under the fault
+    ``eagle-stash-batch-position``)."""
     m = meta[:b]
     offs = torch.arange(width, device=kv.device)
     pos = lens[:b].unsqueeze(1) + offs
@@ -80,8 +83,9 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
                keep=keep)
     last = lens[:b] + out_acc[:b] - 1
     g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
-    fm_draft[m[:, ROW]] = d1
-    fm_hid[m[:, ROW]] = g.to(fm_hid.dtype)
+    dest = torch.arange(b, device=kv.device) if by_position else m[:, ROW]
+    fm_draft[dest] = d1
+    fm_hid[dest] = g.to(fm_hid.dtype)
 
 
 class EagleDraft:
@@ -92,6 +96,7 @@ class EagleDraft:
 
     def __init__(self, dev, model):
         self.dev, self.model, self.head = dev, model, model.head("eagle")
+        self.faults = FaultSet(dev.cfg.faults)
         cfg, rt, rows = dev.cfg, dev.rt, dev.cfg.max_running
         hw, hd = model.hidden_width, model.hidden_dtype
         self.ekv = rt.empty((cfg.pool_tokens, self.head.kv_width), self.head.kv_dtype,
@@ -136,11 +141,15 @@ class EagleDraft:
         dev, rt = self.dev, self.dev.rt
         slots = st.batch.slots_read
         ekv_s = self.ekv.rows(slots)
+        # fault: the stash is indexed like the verify outputs (batch position), not by
+        # request-pool row: the next step resolves another request's draft input
+        by_pos = self.faults.on("eagle-stash-batch-position")
+        dest = range(b) if by_pos else st.rows
         rt.launch(dev.fwd, eagle_extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, meta.t, dev.lens.t, st.out_tok.t, st.out_acc.t, self.fm_draft.t,
-                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, name="draft_extend",
+                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, name="draft_extend",
                   reads=[dev.target_kv.rows(slots), ekv_s, table_r, meta, dev.lens, st.out_tok,
                          st.out_acc],
-                  writes=[ekv_s] + self._fm(st.rows))
+                  writes=[ekv_s] + self._fm(dest))
         return ["draft_extend"]
 

@@ -27,6 +27,7 @@ from typing import List
 
 import torch
 
+from ..faults import FaultSet
 from .kernels import LAST, N, ROW, SEED, SEEDED, START
 
 
@@ -38,13 +39,15 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
     fm_hid[rows] = torch.where(last.unsqueeze(1), h, fm_hid[rows])
 
 
-def mtp_step(head, kv, table, meta, drafts, lens, fm_hid, hid, j, b):
-    """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``."""
+def mtp_step(head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0):
+    """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``,
+    attending to the target KV of positions ``0..lens-1+frozen`` (``frozen`` is 0 but
+    under the fault ``mtp-draft-reads-unfrozen-kv``)."""
     m = meta[:b]
     rows = m[:, ROW]
     feats = fm_hid[rows] if j == 1 else hid[:b]
-    g, d = head.step(kv, table, rows, lens[:b], lens[:b] + (j - 1), drafts[:b, j - 1], feats,
-                     m[:, SEED], m[:, SEEDED] == 1)
+    g, d = head.step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
+                     feats, m[:, SEED], m[:, SEEDED] == 1)
     drafts[:b, j] = d
     hid[:b] = g.to(hid.dtype)
 
@@ -63,6 +66,7 @@ class MTPDraft:
 
     def __init__(self, dev, model):
         self.dev, self.model, self.head = dev, model, model.head("mtp")
+        self.faults = FaultSet(dev.cfg.faults)
         rt, rows = dev.rt, dev.cfg.max_running
         hw, hd = model.hidden_width, model.hidden_dtype
         self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
@@ -82,10 +86,15 @@ class MTPDraft:
         dev, rt = self.dev, self.dev.rt
         kv_s = dev.target_kv.rows(st.batch.slots_read)
         names = []
+        unfrozen = self.faults.on("mtp-draft-reads-unfrozen-kv")
         for j in range(1, dev.cfg.spec_steps + 1):
             src = self.fm_hid.rows(st.rows) if j == 1 else self.hid
+            # fault: step j also attends to the j-1 positions it is drafting, whose slots
+            # hold a rejected draft's KV (the verify below overwrites it) or a recycled
+            # owner's
+            frozen = j - 1 if unfrozen else 0
             rt.launch(dev.fwd, mtp_step, self.head, dev.target_kv.t, dev.table.t, meta.t,
-                      dev.drafts.t, dev.lens.t, self.fm_hid.t, self.hid.t, j, b,
+                      dev.drafts.t, dev.lens.t, self.fm_hid.t, self.hid.t, j, b, frozen,
                       name=f"draft{j}", reads=[kv_s, table_r, meta, dev.drafts, dev.lens, src],
                       writes=[dev.drafts, self.hid])
             names.append(f"draft{j}")

@@ -112,12 +112,40 @@ _ENTRIES = (
           "SGLang (pin_memory in forward_batch.init_new, seed PR): pinned H2D staging buffer "
           "overwritten by the host before the previous copy finished",
           "kv-canary", "overlap, with the schedule stream behind the host"),
+    Fault("mtp-draft-reads-unfrozen-kv", 17, "engine/drafts_mtp.py MTPDraft.launch_drafts",
+          "draft step j of the frozen-KV MTP draft attends to the target KV up to the "
+          "position it drafts instead of the committed positions only: the extra slots hold "
+          "a rejected draft's target KV (which this step's verify overwrites), a recycled "
+          "owner's KV or poison, so the drafts and accept lengths change",
+          "SGLang frozen-KV MTP under overlap (seed PR): the draft reading target KV slots "
+          "that the same step's verify or a recycled owner is overwriting",
+          "parity", "draft kind mtp, spec_steps >= 2"),
+    Fault("eagle-stash-batch-position", 18, "engine/drafts_eagle.py EagleDraft.launch_extend",
+          "the draft-extend stashes the next draft input (first draft token, hidden state) "
+          "in the FutureMap at the request's batch position instead of its request-pool "
+          "row; the next step resolves by row and starts from another request's (or a "
+          "stale) hidden state",
+          "SGLang EAGLE spec v2: next draft input read from the FutureMap stale or stashed "
+          "under another request's slot (accept length drops, output unchanged)",
+          "parity", "draft kind eagle, a batch whose requests' rows differ from their "
+          "batch positions"),
     Fault("hidden-seq-lens-sync", 19, "engine/worker.py SpecWorker._decode",
           "each decode step reads the device-side sequence lengths back with a blocking "
           "copy to sum them on the host",
           "SGLang PR #23452 review: seq_lens.sum().item() for backends without a "
           "preallocated buffer, a hidden host sync per decode step",
           "no-hidden-sync", "any decode step"),
+    Fault("rank-local-overlap", 16, "engine/loop.py Engine._overlaps",
+          "a non-zero tensor-parallel rank decides whether to overlap a step from a "
+          "rank-local timing value (its own previous result already copied back) and runs "
+          "the step synchronously while rank 0 overlaps; it learns of finishes a step "
+          "earlier, builds other batches (or none) and leaves an all-reduce unjoined: the "
+          "ranks deadlock",
+          "SGLang #27221/#27164: TP ranks deciding from per-rank clocks diverge on batch "
+          "composition, NCCL collectives mismatch, a permanent TP deadlock (DESIGN §7 "
+          "class 16: ranks disagreeing on whether to overlap a step)",
+          "rank-agreement", "tp >= 2, overlap, a rank whose previous result landed before "
+          "it launched the next batch"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}
