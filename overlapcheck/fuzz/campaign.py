@@ -20,6 +20,7 @@ from hypothesis import seed as hseed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from .. import seeds
+from ..engine.config import DRAFT_KINDS
 from .execute import Finding, run_case
 from .strategies import cases
 
@@ -31,7 +32,7 @@ class Options:
     seed: int = 0
     device: str = "sim"
     models: Sequence[str] = ("oracle",)
-    draft_kinds: Sequence[str] = ("standalone",)
+    draft_kinds: Sequence[str] = DRAFT_KINDS
     checks: Sequence[str] = ()
     faults: Sequence[str] = ()
     out: Optional[str] = None

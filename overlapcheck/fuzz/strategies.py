@@ -1,9 +1,9 @@
 """Hypothesis strategies for fuzz cases, swarm style.
 
 Each example first draws its *features* (aborts on or off, stop tokens, seeded
-sampling, a tight pool that forces retraction, overlap, spec) and then a config, a
-workload and a schedule under them, so different examples stress different
-mixtures. The schedule is part of the drawn data: by default explicit stalls of
+sampling, a tight pool that forces retraction, overlap, spec, tensor-parallel ranks)
+and then a config, a workload and a schedule under them, so different examples stress
+different mixtures. The schedule is part of the drawn data: by default explicit stalls of
 named streams over choice points (the empty list is the eager schedule), so that
 shrinking minimizes the workload *and* the schedule together; sometimes a seeded
 random, PCT or BUGGIFY strategy for breadth.
@@ -16,12 +16,13 @@ from typing import Sequence
 from hypothesis import strategies as st
 
 from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
-from ..engine.config import RESERVE_RULES
+from ..engine.config import DRAFT_KINDS, RESERVE_RULES
 from ..engine.types import GREEDY, SEEDED
 from .case import Case, ScheduleSpec
 
 STREAMS = ("schedule", "forward", "copy")
 VOCAB = 64
+WHOLE_RUN = 10 ** 9    # a stall window no run reaches the end of
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Features:
     tight_pool: bool
     overlap: bool
     spec: bool
+    tp: int = 1       # logical ranks: 2 in a quarter of the examples
 
 
 @st.composite
@@ -39,12 +41,13 @@ def features(draw) -> Features:
     b = st.booleans()
     return Features(aborts=draw(b), stops=draw(b), seeded=draw(b), tight_pool=draw(b),
                     overlap=draw(st.sampled_from((True, True, True, False))),
-                    spec=draw(st.sampled_from((True, True, True, False))))
+                    spec=draw(st.sampled_from((True, True, True, False))),
+                    tp=draw(st.sampled_from((1, 1, 1, 2))))
 
 
 @st.composite
 def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
-            draft_kinds: Sequence[str] = ("standalone",)) -> EngineConfig:
+            draft_kinds: Sequence[str] = DRAFT_KINDS) -> EngineConfig:
     page = draw(st.sampled_from((1, 1, 2, 4)))
     k = draw(st.integers(1, 4))
     margin = 2 * (k + 1)
@@ -56,7 +59,7 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         page_size=page, pool_tokens=pool, row_width=row,
         max_running=draw(st.integers(1, 6)), chunk_size=draw(st.integers(2, 32)),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
-        overlap=feat.overlap, spec=feat.spec,
+        overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds))),
         model=draw(st.sampled_from(tuple(models))))
 
@@ -94,12 +97,18 @@ def schedules(draw) -> ScheduleSpec:
     lengths = st.one_of(st.integers(1, 60), st.integers(61, 3000))
     stalls = draw(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400), lengths),
                            max_size=6))
-    return ScheduleSpec("stalls", 0, tuple((s, a, a + d) for s, a, d in stalls))
+    windows = tuple((s, a, a + d) for s, a, d in stalls)
+    # a stream that lags the host for the whole run (it retires only what a sync needs),
+    # as a GPU's does when the host runs ahead: the reuse windows stay open every step
+    lag = draw(st.sampled_from((None, None) + STREAMS))
+    if lag is not None:
+        windows = ((lag, 0, WHOLE_RUN),) + windows
+    return ScheduleSpec("stalls", 0, windows)
 
 
 @st.composite
 def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
-          models: Sequence[str] = ("oracle",), draft_kinds: Sequence[str] = ("standalone",),
+          models: Sequence[str] = ("oracle",), draft_kinds: Sequence[str] = DRAFT_KINDS,
           config: EngineConfig = None) -> Case:
     """A whole fuzz case. ``config`` pins the engine configuration (the pytest
     fixture's "fuzz my config" mode); otherwise it is drawn too."""
