@@ -26,6 +26,9 @@ def register(sub) -> None:
                    help="comma-separated checkers (default: all)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="turn a fault of the bug zoo on (repeatable)")
+    p.add_argument("--shrink-time", type=float, default=None, metavar="SECONDS",
+                   help="cap on shrinking one finding (default: no cap); the smallest failing "
+                        "case so far is kept")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="processes (default 1)")
     p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
                    help="where repros and traces go (default overlapcheck-findings)")
@@ -43,6 +46,8 @@ def _options(args):
         raise UsageError(f"--time must be positive, got {args.time}")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.shrink_time is not None and args.shrink_time <= 0:
+        raise UsageError(f"--shrink-time must be positive, got {args.shrink_time}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.device not in ("sim", "cuda"):
@@ -70,7 +75,7 @@ def _options(args):
     seconds = args.time if args.time is not None else (None if args.examples else 60.0)
     return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
                    models=(args.model,), draft_kinds=tuple(kinds), checks=checks, faults=faults,
-                   out=args.out, db=args.db)
+                   out=args.out, db=args.db, shrink_seconds=args.shrink_time)
 
 
 def _check_faults(faults) -> None:
