@@ -6,8 +6,8 @@ event to every checker (``feed_all``) and call ``finish()`` at the end; ``Monito
 whole workload that way. Module map: ``base`` (Violation, Checker, registry),
 one module per checker (``kv_accounting``, ``kv_lifetime``, ``kv_canary``,
 ``stream_race``, ``parity``, ``metrics``, ``no_hidden_sync``, ``lifecycle``,
-``liveness``), ``drive`` (observer + run driver), ``runlog`` (JSON-lines run logs),
-``leaks`` (the leak report), ``text`` (message helpers).
+``liveness``, ``rank_agreement``), ``drive`` (observer + run driver), ``runlog``
+(JSON-lines run logs), ``leaks`` (the leak report), ``text`` (message helpers).
 """
 from .base import REGISTRY, Checker, Violation, feed_all, make_checkers
 

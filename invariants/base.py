@@ -94,6 +94,7 @@ REGISTRY: Dict[str, str] = {
     "no-hidden-sync": "invariants.no_hidden_sync:NoHiddenSync",
     "lifecycle": "invariants.lifecycle:Lifecycle",
     "liveness": "invariants.liveness:Liveness",
+    "rank-agreement": "invariants.rank_agreement:RankAgreement",
 }
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from overlapcheck.device import StuckWait, make_runtime
-from overlapcheck.engine import Engine, EngineConfig, EngineStuck, RunResult
+from overlapcheck.engine import Engine, EngineConfig, EngineStuck, RunResult, make_engine
 from overlapcheck.engine import events as E
 
 from .base import Checker, Violation, make_checkers
@@ -79,17 +79,18 @@ class CheckedRun:
 
 
 def reference_run(cfg: EngineConfig, workload, model=None) -> RunResult:
-    """The parity reference: the same workload, non-overlap, eager sim, detector off."""
+    """The parity reference: the same workload, non-overlap, one rank, eager sim,
+    detector off."""
     from fake_models import make_model
     rt = make_runtime("sim", seed=0, strategy="eager", detect=False)
     model = model if model is not None else make_model(cfg.model)
-    return Engine(dataclasses.replace(cfg, overlap=False), rt, model).run(workload)
+    return Engine(dataclasses.replace(cfg, overlap=False, tp=1), rt, model).run(workload)
 
 
 def run_checked(cfg: EngineConfig, workload, checks: Sequence[str] = (), seed: int = 0,
                 device: str = "sim", strategy="random", access: str = "declared",
                 model=None, reference: Optional[RunResult] = None, log=None,
-                max_steps: Optional[int] = None, engine_cls=Engine, rt=None,
+                max_steps: Optional[int] = None, engine_cls=make_engine, rt=None,
                 **context) -> CheckedRun:
     """Run ``workload`` with the checkers ``checks`` (empty: all) on. Parity's
     reference is ``reference`` or, when parity is on, a fresh ``reference_run``.

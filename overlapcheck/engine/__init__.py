@@ -11,18 +11,21 @@ runtime (``overlapcheck.device.make_runtime``). Module map:
   ``kernels``: device closures; ``drafts``: draft kinds; ``worker``: one batch's launch
   and result collection;
 * ``loop``: the engine step (overlap and non-overlap); ``events``: observer events and
-  snapshots; ``results``: run results; ``workload``: workloads; ``command``: ``overlapcheck run``.
+  snapshots; ``results``: run results; ``workload``: workloads; ``command``: ``overlapcheck run``;
+* ``tp``: tensor-parallel logical ranks on the sim (``make_engine`` picks the engine
+  for a config); ``dist``: real ranks over ``torch.distributed`` (``run --dist``).
 """
 from .config import EngineConfig
 from .events import Snapshot
 from .loop import Engine, EngineStuck
 from .results import RequestResult, RunResult, Summary
+from .tp import TPEngine, make_engine
 from .types import RequestSpec
 from .workload import AbortAt, Workload, WorkloadError, generate, load, parse
 
 __all__ = ["Engine", "EngineConfig", "EngineStuck", "RequestSpec", "Workload", "AbortAt",
            "WorkloadError", "RunResult", "RequestResult", "Summary", "Snapshot",
-           "generate", "load", "parse", "run_workload"]
+           "generate", "load", "parse", "run_workload", "TPEngine", "make_engine"]
 
 
 def run_workload(cfg: EngineConfig, workload: Workload, device: str = "sim", seed: int = 0,
@@ -33,5 +36,5 @@ def run_workload(cfg: EngineConfig, workload: Workload, device: str = "sim", see
     from fake_models import make_model
     from ..device import make_runtime
     rt = make_runtime(device, seed=seed, strategy=strategy, detect=detect, access=access)
-    eng = Engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
+    eng = make_engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
     return eng.run(workload)

@@ -174,6 +174,19 @@ class Stalled(Event):
 
 
 @dataclass(frozen=True)
+class RankBatch(Event):
+    """Tensor parallel: ``rank``'s scheduling decision this step, emitted for every rank
+    (rank 0 first) before any rank processes a result. ``batch`` is the batch the rank
+    launched (-1, ``kind`` "none" and no ``rids`` when it launched none); ``overlap``:
+    whether the rank keeps it in flight while processing the previous result."""
+
+    rank: int
+    kind: str
+    rids: Tuple[RequestId, ...]
+    overlap: bool
+
+
+@dataclass(frozen=True)
 class RunEnd(Event):
     """The workload is done; ``result`` is the ``RunResult`` the run returns."""
 

@@ -47,6 +47,8 @@ class Engine:
         self.batches = 0
         self._early_aborts: Set[int] = set()
         self.faults = FaultSet(cfg.faults)
+        self.rank, self.collective = 0, None   # tensor parallel (tp.TPEngine sets them)
+        self.overlapping = False               # this step's decision (begin_step)
 
     def _emit(self, ev: E.Event) -> None:
         if self.observer is not None:
@@ -81,14 +83,38 @@ class Engine:
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> None:
+        self.end_step(self.begin_step())
+
+    def begin_step(self) -> Optional[Batch]:
+        """Build and launch this step's batch (None: nothing to run) and decide whether
+        the step overlaps. Tensor-parallel ranks all begin a step before any ends it."""
         it = self.iteration
         batch = self.sched.build(it, self.batches)
         if batch is not None:
             self.batches += 1
+            if self.collective is not None:       # the ranks' all-reduce of this batch
+                self.collective.join(self, batch)
             ops = self.worker.launch(batch)
             self.inflight.append(batch)
             self._emit(E.Launched(it, batch.bid, batch.kind, tuple(ops)))
-        keep = 1 if (self.cfg.overlap and batch is not None) else 0
+        self.overlapping = self._overlaps(batch)
+        return batch
+
+    def _overlaps(self, batch: Optional[Batch]) -> bool:
+        """Keep ``batch`` in flight while processing the previous result? A decision
+        every rank must take alike: from the config and the batch, never rank-local state."""
+        if not self.cfg.overlap or batch is None:
+            return False
+        if self.rank and len(self.inflight) > 1 and self.faults.on("rank-local-overlap"):
+            # fault: a non-zero rank skips overlap when its own previous result has landed
+            return not self.dev.done[self.inflight[-2].bid % 2].query()
+        return True
+
+    def end_step(self, batch: Optional[Batch]) -> None:
+        """Process results (all but ``batch`` when the step overlaps), check the pool
+        when idle, report the step's races and ``StepEnd``."""
+        it = self.iteration
+        keep = 1 if self.overlapping else 0
         while len(self.inflight) > keep:
             self._process(self.inflight.popleft())
         if self.strict and self.idle:

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 from invariants.drive import Halt
 
 from ..device import Diverged, Replay, StuckWait, make_runtime
-from ..engine import Engine, EngineStuck, RunResult
+from ..engine import EngineStuck, RunResult, make_engine
 from ..engine import events as E
 from .case import Case
 from .checks import CheckSession
@@ -102,7 +102,7 @@ def run_case(case: Case, choices: Optional[List[int]] = None, device: str = "sim
 
     cfg = dataclasses.replace(case.config, faults=tuple(dict.fromkeys(
         tuple(case.config.faults) + tuple(case.faults))))      # the case's faults switched on
-    eng = Engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
+    eng = make_engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
     result, diverged = None, None
     try:
         result = eng.run(case.workload)

@@ -21,7 +21,7 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, inva
 
 from ..device import make_runtime
 from ..device.sched import Stalls
-from ..engine import AbortAt, Engine, EngineConfig, RequestSpec, Workload
+from ..engine import AbortAt, EngineConfig, RequestSpec, Workload, make_engine
 from .case import Case, ScheduleSpec
 from .checks import CheckSession
 from .strategies import STREAMS, VOCAB
@@ -51,7 +51,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.requests: List[RequestSpec] = []
         self.aborts: List[AbortAt] = []
         self.session = CheckSession(self._case(), self.rt)
-        self.engine = Engine(self.config, self.rt, make_model(self.config.model), self.session.feed)
+        self.engine = make_engine(self.config, self.rt, make_model(self.config.model),
+                                  self.session.feed)
 
     def _case(self) -> Case:
         return Case(self.config, Workload(tuple(self.requests), tuple(self.aborts)),
