@@ -3,6 +3,8 @@ request, the output tokens, finish reason and accept lengths, then a summary.
 
 Every checker of ``invariants`` runs after every step (``--check`` picks some); their
 violations are printed. ``--log FILE`` writes the event stream as JSON lines.
+``--tp N`` runs N tensor-parallel ranks: logical ranks on the sim, or with ``--dist``
+N ``torch.distributed`` processes whose decisions are compared each step.
 
 Exit codes: 0 clean, 1 violations or race reports, 2 bad input.
 """
@@ -35,6 +37,13 @@ def register(subparsers) -> None:
     p.add_argument("--draft-reserve", default="double", choices=("double", "exact"))
     p.add_argument("--no-overlap", action="store_true", help="process each batch right after launch")
     p.add_argument("--no-spec", action="store_true", help="plain decode, one token per step")
+    p.add_argument("--tp", type=_ranks, default=1, metavar="N",
+                   help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
+    p.add_argument("--dist", action="store_true",
+                   help="run the --tp ranks as torch.distributed processes (gloo on CPU, "
+                        "NCCL on cuda) and compare their decisions each step")
+    p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
+                   help="with --dist: seconds before a collective or the run gives up")
     p.add_argument("--schedule", default="random", metavar="STRATEGY",
                    help="sim schedule strategy: eager, random, pct, buggify")
     p.add_argument("--access", default="declared", choices=("declared", "infer"),
@@ -57,6 +66,18 @@ def _model_name(text: str) -> str:
     return text
 
 
+def _ranks(text: str) -> int:
+    """``--tp`` (argparse type): a positive number of ranks."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of ranks, got {text!r}")
+    return n
+
+
 def _checks(text: str):
     from invariants import REGISTRY
     from ..cli import UsageError
@@ -75,7 +96,8 @@ def _config(args):
                         row_width=args.row_width, max_running=args.max_running,
                         chunk_size=args.chunk_size, spec_steps=args.spec_steps,
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
-                        spec=not args.no_spec, model=args.model, draft_kind=args.draft)
+                        spec=not args.no_spec, model=args.model, draft_kind=args.draft,
+                        tp=args.tp)
 
 
 def run(args) -> int:
@@ -100,6 +122,12 @@ def run(args) -> int:
             args.seed, args.requests or 16, cfg)
     except WorkloadError as e:
         raise UsageError(str(e)) from None
+    if args.dist:
+        from .dist import run_command
+        return run_command(args, cfg, wl, checks)
+    if cfg.tp > 1 and args.device != "sim":
+        raise UsageError("logical tensor-parallel ranks run on the sim device; use --dist "
+                         "for real ranks on cuda")
     try:
         rt = make_runtime(args.device, seed=args.seed, strategy=args.schedule,
                           access=args.access)

@@ -1,0 +1,247 @@
+"""Real tensor-parallel ranks: ``overlapcheck run --tp N --dist``.
+
+N spawned processes join a ``torch.distributed`` group on 127.0.0.1 (gloo on CPU, NCCL
+when the device is cuda). Each runs the whole engine on its own runtime from the same
+seed; after each step's launch the ranks all-gather their decisions (batch kind,
+requests, overlap). Rank 0 runs the checkers and feeds them every rank's decision as
+``RankBatch`` events, so ``rank-agreement`` compares the ranks. A collective that fails
+or times out (a rank died or never came) raises ``CollectiveFailed``, a ``StuckWait``:
+the engine reports it as ``Stalled`` and liveness names it. Every collective has the
+run's timeout and the parent kills what is left at the deadline: never a hang.
+
+Test hook: ``OVERLAPCHECK_DIST_EXIT=RANK:STEP`` makes RANK exit (code 17) at STEP.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import List, Optional
+
+import torch
+
+from ..device import StuckWait
+from . import events as E
+from .loop import Engine
+from .results import RequestResult, RunResult, Summary
+from .tp import rank_batch
+from .types import DECODE, PREFILL
+
+EXIT_ENV, EXIT_CODE = "OVERLAPCHECK_DIST_EXIT", 17
+KINDS = ("none", PREFILL, DECODE)
+
+
+class CollectiveFailed(StuckWait):
+    """A collective that can never complete: some rank died, left or never came."""
+
+    def __init__(self, what: str, error: str):
+        RuntimeError.__init__(self, f"{what} can never complete: a rank never joined it "
+                                    f"({_short(error)})")
+        self.host_wait, self.stream, self.waits_for = what, "collective", "every rank"
+
+
+def _short(error: str) -> str:
+    """The gist of a backend error: its first line, without a source location prefix
+    or the advice that follows."""
+    line = (error.strip().splitlines() or ["?"])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", line).split(". ")[0]
+
+
+class DistRank(Engine):
+    """One real rank: each step, all-gather the ranks' decisions between launch and
+    result processing; rank 0 emits them as ``RankBatch`` events."""
+
+    exit_at: Optional[int] = None    # the test hook's step for this rank
+
+    def step(self) -> None:
+        import torch.distributed as dist
+        if self.iteration == self.exit_at:
+            os._exit(EXIT_CODE)
+        batch = self.begin_step()
+        mine = _encode(rank_batch(self.iteration, self.rank, batch, self.overlapping),
+                       self.cfg.max_running)
+        if dist.get_backend() == "nccl":
+            mine = mine.cuda()
+        got = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        try:
+            dist.all_gather(got, mine)
+        except RuntimeError as e:
+            raise CollectiveFailed(f"all-gather of step {self.iteration}'s batch decisions",
+                                   str(e)) from None
+        for rank, t in enumerate(got):
+            self._emit(_decode(t.cpu(), rank))
+        self.end_step(batch)
+
+
+def _encode(ev: E.RankBatch, width: int) -> torch.Tensor:
+    rids = list(ev.rids) + [-1] * (width - len(ev.rids))
+    return torch.tensor([ev.iteration, ev.batch, KINDS.index(ev.kind), int(ev.overlap),
+                         len(ev.rids)] + rids, dtype=torch.int64)
+
+
+def _decode(t: torch.Tensor, rank: int) -> E.RankBatch:
+    v = t.tolist()
+    return E.RankBatch(v[0], v[1], rank, KINDS[v[2]], tuple(v[5:5 + v[4]]), bool(v[3]))
+
+
+def _rank_main(rank: int, job: dict, out: str) -> None:
+    """One rank's process: join the group, run, write ``rank<N>.json`` in ``out``."""
+    import torch.distributed as dist
+    from fake_models import make_model
+    from invariants.drive import run_checked
+    from ..device import make_runtime
+    from .loop import EngineStuck
+    torch.set_num_threads(1)
+    cfg, device = job["cfg"], job["device"]
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
+                            init_method=f"tcp://127.0.0.1:{job['port']}",
+                            world_size=cfg.tp, timeout=timedelta(seconds=job["timeout"]))
+    rt = make_runtime(device, seed=job["seed"], strategy=job["schedule"], access=job["access"])
+    model = make_model(cfg.model)
+    hook = os.environ.get(EXIT_ENV, "").split(":")
+    exit_at = int(hook[1]) if len(hook) == 2 and hook[0] == str(rank) else None
+
+    def factory(c, r, m, observer=None, strict=False):
+        eng = DistRank(c, r, m, observer, strict)
+        eng.rank, eng.exit_at = rank, exit_at
+        return eng
+
+    doc = {"rank": rank}
+    if rank == 0:
+        run = run_checked(cfg, job["workload"], job["checks"], rt=rt, model=model,
+                          engine_cls=factory)
+        doc.update(status=run.status, step=run.engine.iteration,
+                   result=run.result.to_json() if run.result is not None else None,
+                   violations=[str(v) for v in run.violations],
+                   races=[str(r) for r in rt.reports])
+    else:
+        eng = factory(cfg, rt, model)
+        try:
+            eng.run(job["workload"])
+            doc.update(status="completed", step=eng.iteration)
+        except (StuckWait, EngineStuck) as e:
+            doc.update(status="stalled", step=eng.iteration, error=str(e))
+    _write(os.path.join(out, f"rank{rank}.json"), doc)
+    dist.destroy_process_group()
+
+
+def _write(path: str, doc: dict) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+@dataclass
+class DistRun:
+    """What came back: each rank's report (None: it wrote none) and exit code."""
+
+    reports: List[Optional[dict]]
+    exitcodes: List[Optional[int]]
+    killed: List[int]            # ranks still running at the deadline
+
+    def problems(self) -> List[str]:
+        """One line per rank that died, was killed or stalled (rank 0's own findings
+        are its ``violations``)."""
+        out = []
+        for r, (doc, code) in enumerate(zip(self.reports, self.exitcodes)):
+            if r in self.killed:
+                out.append(f"[liveness] rank {r} had not finished at the deadline (killed)")
+            elif code != 0:
+                out.append(f"[liveness] rank {r} exited with code {code} before the end "
+                           f"of the run")
+            elif r and doc and doc.get("status") != "completed":
+                out.append(f"[liveness] rank {r} step {doc['step']}: stuck wait: {doc['error']}")
+        return out
+
+    def result(self) -> Optional[RunResult]:
+        doc = self.reports[0]
+        if not doc or not doc.get("result"):
+            return None
+        reqs = {d["rid"]: RequestResult(d["rid"], tuple(d["tokens"]), d["finish_reason"],
+                                        tuple(d["accept_lens"]), d["retractions"])
+                for d in doc["result"]["requests"]}
+        return RunResult(reqs, Summary(**doc["result"]["summary"]))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_dist(cfg, workload, seed: int = 0, device: str = "sim", schedule: str = "random",
+             access: str = "declared", checks=(), timeout: float = 120.0) -> DistRun:
+    """Run ``workload`` on ``cfg.tp`` real ranks; give up (killing the ranks) after
+    ``timeout`` seconds plus a short grace."""
+    import multiprocessing as mp
+    job = {"cfg": cfg, "workload": workload, "seed": seed, "device": device,
+           "schedule": schedule, "access": access, "checks": list(checks),
+           "timeout": timeout, "port": free_port()}
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="overlapcheck-dist-") as out:
+        procs = [ctx.Process(target=_rank_main, args=(r, job, out), daemon=True)
+                 for r in range(cfg.tp)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout + 10
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        killed = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r in killed:
+            procs[r].kill()
+            procs[r].join()
+        return DistRun([_read(os.path.join(out, f"rank{r}.json")) for r in range(cfg.tp)],
+                       [p.exitcode for p in procs], killed)
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def run_command(args, cfg, workload, checks) -> int:
+    """``overlapcheck run --dist``: print rank 0's result and every finding; exit 1
+    when a rank disagreed, stalled or died, or rank 0 found a violation or a race."""
+    import sys
+    from fake_models import make_model
+    from ..cli import UsageError
+    from .command import _print_text
+    if args.log:
+        raise UsageError("--log is not available with --dist")
+    try:
+        make_model(cfg.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    run = run_dist(cfg, workload, seed=args.seed, device=args.device, schedule=args.schedule,
+                   access=args.access, checks=checks, timeout=args.dist_timeout)
+    rank0 = run.reports[0] or {}
+    found = rank0.get("violations", []) + run.problems()
+    res = run.result()
+    if args.json:
+        doc = res.to_json() if res is not None else {"requests": [], "summary": None}
+        doc["ranks"] = [{"rank": r, "exit": c, "status": (d or {}).get("status")}
+                        for r, (d, c) in enumerate(zip(run.reports, run.exitcodes))]
+        doc["races"], doc["violations"] = rank0.get("races", []), found
+        print(json.dumps(doc, sort_keys=True, indent=1))
+    else:
+        if res is not None:
+            _print_text(res)
+        else:
+            print(f"run {rank0.get('status', 'lost')} at step {rank0.get('step', '?')}")
+        for line in rank0.get("races", [])[:5]:
+            print(line, file=sys.stderr)
+        for v in found:
+            print(v)
+        if found:
+            print(f"{len(found)} finding(s) over {cfg.tp} rank(s)")
+    return 1 if (found or rank0.get("races") or any(run.exitcodes)) else 0
