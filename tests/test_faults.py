@@ -84,6 +84,7 @@ SILENT = {
     "single-staging-buffer": {"overlap": False},
     "mtp-draft-reads-unfrozen-kv": {"draft_kind": "mtp", "spec_steps": 1},
     "eagle-stash-batch-position": {"draft_kind": "eagle", "max_running": 1},
+    "rank-local-overlap": {"tp": 1},
 }
 
 
