@@ -5,13 +5,14 @@ and the same batch number (the n-th batch of each rank joins the n-th collective
 The engine emits one ``RankBatch`` per rank and step, rank 0 first; each other rank's
 decision is compared with rank 0's of the same step. Ranks that disagree issue
 different collectives (different shapes, or one that some rank never joins): on a GPU
-machine that is a hang, so the disagreement is reported where it starts. Each kind of
-disagreement (``kind``, ``rids``, ``overlap``, ``batch``) is reported once per run.
-A single-rank run emits no ``RankBatch`` and is never checked.
+machine that is a hang, so the disagreement is reported where it starts, once per run:
+after it the ranks' states differ and later disagreements are its consequences. The
+site is the first field that differs (``kind``, ``rids``, ``overlap``, ``batch``). A
+single-rank run emits no ``RankBatch`` and is never checked.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import List, Optional
 
 from overlapcheck.engine import events as E
 
@@ -34,27 +35,28 @@ class RankAgreement(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.ref: Optional[E.RankBatch] = None    # rank 0's decision of the current step
-        self.reported: Set[str] = set()
+        self.diverged = False                      # a disagreement was reported
 
     def on_RankBatch(self, ev: E.RankBatch) -> List[Violation]:
         if ev.rank == 0:
             self.ref = ev
             return []
+        if self.diverged:
+            return []
         ref = self.ref
         if ref is None or ref.iteration != ev.iteration:
-            return [self._missing(ev)] if "rank0" not in self.reported else []
+            return [self._missing(ev)]
         diff = [f for f in FIELDS if getattr(ev, f) != getattr(ref, f)]
-        new = [f for f in diff if f not in self.reported]
-        if not new:
+        if not diff:
             return []
-        self.reported.update(diff)
+        self.diverged = True
         return [Violation(
             self.name, ev.iteration, f"rank {ev.rank} and rank 0 disagree at step "
-            f"{ev.iteration} on {', '.join(diff)}", describe(ref), describe(ev), (new[0],),
+            f"{ev.iteration} on {', '.join(diff)}", describe(ref), describe(ev), (diff[0],),
             {"rank": ev.rank, "fields": diff, "rank0": _facts(ref), "other": _facts(ev)})]
 
     def _missing(self, ev: E.RankBatch) -> Violation:
-        self.reported.add("rank0")
+        self.diverged = True
         return Violation(self.name, ev.iteration, f"rank {ev.rank} reported a decision at "
                          f"step {ev.iteration} without rank 0", "rank 0's decision first",
                          describe(ev), ("rank0",), {"rank": ev.rank})

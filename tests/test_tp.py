@@ -97,12 +97,15 @@ def test_rank_agreement_planted():
     assert "rank 0: decode batch 1 of requests [1, 2], overlapped" == v.expected
     assert "rank 1: decode batch 1 of requests [1, 2], not overlapped" == v.seen
     c.feed(_rb(2, 0, (1, 2)))
-    assert c.feed(_rb(2, 1, (1, 2), overlap=False)) == []      # once per kind
+    assert c.feed(_rb(2, 1, (3,))) == []        # once per run: the rest are consequences
+    c = RankAgreement()
     c.feed(_rb(3, 0, (1, 2)))
     (v,) = c.feed(E.RankBatch(3, -1, 1, "none", (), False))
     assert v.site == ("kind",) and v.seen == "rank 1: no batch"
     assert set(v.details["fields"]) == {"kind", "rids", "overlap", "batch"}
-    assert RankAgreement().feed(_rb(4, 1, (3,))) != []         # rank 0 never reported
+    assert v.details["rank0"]["rids"] == [1, 2] and v.details["other"]["rids"] == []
+    (v,) = RankAgreement().feed(_rb(4, 1, (3,)))             # rank 0 never reported
+    assert v.site == ("rank0",) and "rank 1" in v.seen
 
 
 def test_fault_16_caught_by_rank_agreement_then_deadlocks():
