@@ -1,0 +1,97 @@
+"""Observation helpers of ``bench/gpu_overlap.py``: real host syncs through PyTorch's
+sync debug mode, GPU kernel time from the profiler, and a one-step profile table.
+
+* ``SyncWatch``: ``torch.cuda.set_sync_debug_mode("warn")`` over a region; each
+  "synchronizing CUDA operation" warning is kept with its Python stack. It sees the syncs
+  that go through ATen (``.item()``, ``.tolist()``/``.cpu()`` of a device tensor, copies to
+  pageable memory, ``nonzero``, boolean indexing, stream synchronize). A sync issued by the
+  runtime's own sync calls (``device/cuda.py``: event and stream waits, blocking copies,
+  ``to_host``) is already in ``rt.syncs``; every other one ("unseen", e.g. an ``.item()``
+  inside a kernel closure) is a host sync the runtime's count misses.
+* ``kernel_busy_us``: the union of the device intervals (kernels, copies, memsets) a
+  profiler saw, in microseconds: time the GPU was busy on any stream.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import traceback
+import warnings
+
+import torch
+
+_PROJECT = tuple(os.sep + d + os.sep for d in ("overlapcheck", "fake_models", "invariants"))
+_RUNTIME_SYNCS = ("_sync_event", "_sync_stream", "synchronize", "to_host", "copy")
+_RUNTIME_FILE = os.path.join("device", "cuda.py")
+
+
+class SyncWatch:
+    def __init__(self):
+        self.runtime, self.unseen = 0, 0
+        self.sites = collections.Counter()
+
+    def __enter__(self):
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._show
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(0)
+        self._cm.__exit__(*exc)
+        return False
+
+    def _show(self, message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
+        if any(f.name in _RUNTIME_SYNCS and f.filename.endswith(_RUNTIME_FILE) for f in stack):
+            self.runtime += 1
+            return
+        self.unseen += 1
+        ours = [f for f in stack if any(p in f.filename for p in _PROJECT)]
+        f = ours[-1] if ours else stack[-1]
+        where = os.path.join(*f.filename.split(os.sep)[-2:])
+        self.sites[f"{where}:{f.lineno} {f.name}"] += 1
+
+    def report(self, steps: int) -> dict:
+        return {"per_step": round((self.runtime + self.unseen) / steps, 3),
+                "runtime_per_step": round(self.runtime / steps, 3),
+                "unseen_per_step": round(self.unseen / steps, 3),
+                "unseen_sites": dict(self.sites.most_common(5))}
+
+
+def profiler(device: str):
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=acts)
+
+
+def kernel_busy_us(prof):
+    """(microseconds the GPU was busy, how it was measured): the union of the device
+    intervals (kernels, copies, memsets) the profiler saw; without per-event intervals,
+    the sum of self device times (streams running at once counted twice); (0.0, None)
+    when the profile holds no device time."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    if spans:
+        busy, end = 0.0, float("-inf")
+        for s, e in spans:
+            if s > end:
+                busy, end = busy + (e - s), e
+            elif e > end:
+                busy, end = busy + (e - end), e
+        return busy, "union of device intervals"
+    total = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+    return (total, "sum of self device time") if total else (0.0, None)
+
+
+def table(prof, device: str, rows: int = 15) -> str:
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    try:
+        return prof.key_averages().table(sort_by=key, row_limit=rows)
+    except (KeyError, AttributeError, ValueError):
+        return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)

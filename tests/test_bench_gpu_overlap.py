@@ -1,0 +1,33 @@
+"""Smoke test of bench/gpu_overlap.py on the simulated device: every mode runs a steady
+window, checked runs see no violation, the JSON and the profile tables are written.
+Figures are not asserted (benchmarks never are)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_gpu_overlap_bench_sim_smoke(tmp_path):
+    out = tmp_path / "bench"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_overlap.py"), "--device", "sim",
+                        "--models", "random:tiny-qwen3", "--batch", "2", "--steps", "2", "--repeat", "1",
+                        "--row-width", "24", "--prompt", "3", "--spec-steps", "1", "--page-size", "4",
+                        "--profile", "--profile-below", "1000", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((out / "gpu_overlap.json").read_text())
+    (c,) = doc["configs"]
+    assert (c["model"], c["batch"], doc["device"]) == ("random:tiny-qwen3", 2, "sim")
+    assert set(c["modes"]) == {"overlap", "non-overlap", "checked", "checked+detector"}
+    for mode, m in c["modes"].items():
+        assert m["tokens_per_s"] > 0 and m["window_steps"] == 2, (mode, m)
+        assert m["syncs_per_step"] >= m["declared_per_step"] > 0, (mode, m)
+        assert m.get("violations", []) == [], (mode, m)
+    assert c["overlap_speedup"] > 0 and c["checked_ratio"] > 0
+    assert set(c["profiles"]) == {"overlap", "non-overlap"}
+    for path in c["profiles"].values():
+        assert "one steady decode step" in open(path).read()
+    assert "overlap/non-overlap" in r.stdout
