@@ -94,7 +94,8 @@ def run_checked(cfg: EngineConfig, workload, checks: Sequence[str] = (), seed: i
                 **context) -> CheckedRun:
     """Run ``workload`` with the checkers ``checks`` (empty: all) on. Parity's
     reference is ``reference`` or, when parity is on, a fresh ``reference_run``.
-    ``engine_cls`` lets a test plant a bug through an ``Engine`` subclass."""
+    ``engine_cls`` (default ``make_engine``: TP ranks when ``cfg.tp > 1``) lets a test
+    plant a bug through an ``Engine`` subclass."""
     from fake_models import make_model
     model = model if model is not None else make_model(cfg.model)
     if reference is None and (not checks or "parity" in checks):

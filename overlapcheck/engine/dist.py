@@ -93,43 +93,59 @@ def _rank_main(rank: int, job: dict, out: str) -> None:
     """One rank's process: join the group, run, write ``rank<N>.json`` in ``out``."""
     import torch.distributed as dist
     from fake_models import make_model
-    from invariants.drive import run_checked
     from ..device import make_runtime
-    from .loop import EngineStuck
     torch.set_num_threads(1)
-    cfg, device = job["cfg"], job["device"]
-    if device == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
-                            init_method=f"tcp://127.0.0.1:{job['port']}",
-                            world_size=cfg.tp, timeout=timedelta(seconds=job["timeout"]))
-    rt = make_runtime(device, seed=job["seed"], strategy=job["schedule"], access=job["access"])
-    model = make_model(cfg.model)
-    hook = os.environ.get(EXIT_ENV, "").split(":")
-    exit_at = int(hook[1]) if len(hook) == 2 and hook[0] == str(rank) else None
-
-    def factory(c, r, m, observer=None, strict=False):
-        eng = DistRank(c, r, m, observer, strict)
-        eng.rank, eng.exit_at = rank, exit_at
-        return eng
-
-    doc = {"rank": rank}
-    if rank == 0:
-        run = run_checked(cfg, job["workload"], job["checks"], rt=rt, model=model,
-                          engine_cls=factory)
-        doc.update(status=run.status, step=run.engine.iteration,
-                   result=run.result.to_json() if run.result is not None else None,
-                   violations=[str(v) for v in run.violations],
-                   races=[str(r) for r in rt.reports])
-    else:
-        eng = factory(cfg, rt, model)
-        try:
-            eng.run(job["workload"])
-            doc.update(status="completed", step=eng.iteration)
-        except (StuckWait, EngineStuck) as e:
-            doc.update(status="stalled", step=eng.iteration, error=str(e))
+    _join(rank, job)
+    rt = make_runtime(job["device"], seed=job["seed"], strategy=job["schedule"],
+                      access=job["access"])
+    doc = _run_rank(rank, job, rt, make_model(job["cfg"].model))
     _write(os.path.join(out, f"rank{rank}.json"), doc)
     dist.destroy_process_group()
+
+
+def _join(rank: int, job: dict) -> None:
+    """Join the group: NCCL on cuda (one device per rank), gloo on CPU; every
+    collective times out after the run's timeout."""
+    import torch.distributed as dist
+    cuda = job["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank,
+                            init_method=f"tcp://127.0.0.1:{job['port']}",
+                            world_size=job["cfg"].tp, timeout=timedelta(seconds=job["timeout"]))
+
+
+def _exit_step(rank: int) -> Optional[int]:
+    """The test hook's step for ``rank`` (``OVERLAPCHECK_DIST_EXIT=RANK:STEP``)."""
+    hook = os.environ.get(EXIT_ENV, "").split(":")
+    ok = len(hook) == 2 and hook[0] == str(rank) and hook[1].isdigit()
+    return int(hook[1]) if ok else None
+
+
+def _run_rank(rank: int, job: dict, rt, model) -> dict:
+    """Run the workload: rank 0 with the checkers (its report carries the result and
+    the violations), the others without (their report says how they ended)."""
+    from invariants.drive import run_checked
+    from .loop import EngineStuck
+
+    def factory(cfg, rt, model, observer=None, strict=False):
+        eng = DistRank(cfg, rt, model, observer, strict)
+        eng.rank, eng.exit_at = rank, _exit_step(rank)
+        return eng
+
+    cfg, wl = job["cfg"], job["workload"]
+    if rank == 0:
+        run = run_checked(cfg, wl, job["checks"], rt=rt, model=model, engine_cls=factory)
+        return {"rank": 0, "status": run.status, "step": run.engine.iteration,
+                "result": run.result.to_json() if run.result is not None else None,
+                "violations": [str(v) for v in run.violations],
+                "races": [str(r) for r in rt.reports]}
+    eng = factory(cfg, rt, model)
+    try:
+        eng.run(wl)
+        return {"rank": rank, "status": "completed", "step": eng.iteration}
+    except (StuckWait, EngineStuck) as e:
+        return {"rank": rank, "status": "stalled", "step": eng.iteration, "error": str(e)}
 
 
 def _write(path: str, doc: dict) -> None:
