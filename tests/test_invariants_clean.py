@@ -85,4 +85,10 @@ def test_every_checker_sees_its_events_on_a_clean_run():
     for kind in ("Arrived", "Allocated", "Freed", "PendingReleased", "Verified", "Canary",
                  "Finished", "Retracted", "RunEnd", "StepEnd"):
         assert count.seen.get(kind), f"no {kind} event on this workload: {count.seen}"
-    assert len(REGISTRY) == 9
+    assert len(REGISTRY) == 10
+    from overlapcheck.engine import TPEngine
+    ranks = Count()      # rank-agreement's events come from tensor-parallel runs
+    mon = Monitor([ranks] + make_checkers(reference=run.result))
+    TPEngine(dataclasses.replace(cfg, tp=2), make_runtime("sim", seed=3, strategy="random",
+             access="declared"), make_model(cfg.model), mon).run(wl)
+    assert not mon.finish() and ranks.seen["RankBatch"] == 2 * ranks.seen["StepEnd"]
