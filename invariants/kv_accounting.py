@@ -37,6 +37,7 @@ class KVAccounting(Checker):
         self.page_size = 1
         self._leaks: List[tuple] = []                          # found this step, not yet reported
         self._reported_idle = False
+        self._reported_host = False
 
     def _v(self, step: int, msg: str, expected: str, seen: str, site: tuple, **details) -> Violation:
         return Violation(self.name, step, msg, expected, seen, site, details)
@@ -174,12 +175,37 @@ class KVAccounting(Checker):
                                    f"committed {r.committed}, allocated {r.allocated}",
                                    ("lengths",), rid=r.rid))
         out += self._report_leaks()
+        if snap.host_total:
+            out += self._host_pool(snap, it)
         if snap.idle and snap.free != snap.total and not self.flagged and not self._reported_idle:
             self._reported_idle = True
             out.append(self._v(it, "idle engine with KV still held", f"free == total ({snap.total})",
                                f"free {snap.free}, owned {snap.owned}, pending {snap.pending}",
                                ("idle-not-full",)))
         return out
+
+    def _host_pool(self, snap, it: int) -> List[Violation]:
+        """The KV backup's host pool: its formula every step; at idle, every slot free,
+        or a leak naming the requests that still hold host slots."""
+        held = len(snap.host_ledger)
+        if snap.host_free + held != snap.host_total:
+            return [self._v(it, "host pool formula broken",
+                            f"free + owned + pending == {snap.host_total} (host pool)",
+                            f"free {snap.host_free} + held {held} = {snap.host_free + held}",
+                            ("host-formula",))]
+        if not snap.idle or not held or self._reported_host:
+            return []
+        self._reported_host = True
+        groups: Dict[tuple, List[int]] = defaultdict(list)
+        for s, rid, purpose, step in snap.host_ledger:
+            groups[(rid, purpose, step)].append(s)
+        (rid, purpose, step), slots = min(groups.items())
+        return [self._v(it, f"leak: request {rid} still holds {len(slots)} host-pool "
+                            f"{purpose} slots allocated at step {step} at idle "
+                            f"({len(groups)} request(s) in all)",
+                        f"host pool free == total ({snap.host_total}) at idle",
+                        f"free {snap.host_free}; slots {span(slots)} held", ("leak", "host-pool"),
+                        kind="leak", rid=rid, purpose=purpose, alloc_step=step, slots=slots)]
 
     def _ledger_diff(self, snap, it: int) -> List[Violation]:
         """The engine's ledger and the events disagree: name the slots."""

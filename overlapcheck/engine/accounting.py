@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Tuple
 from ..faults import FaultSet
 from . import events as E
 from .config import EngineConfig
-from .memory import PREFILL_PURPOSE, KVPool, RowPool
+from .memory import BACKUP_PURPOSE, PREFILL_PURPOSE, KVPool, RowPool
 from .types import Request
 
 
@@ -22,6 +22,10 @@ class Memory:
         self.rows = RowPool(cfg.max_running)
         self.ps = cfg.page_size
         self.faults = FaultSet(cfg.faults)
+        # the KV backup's host pool: as many pages as the device pool, allocated with a
+        # request's device pages and released with them (its own ledger)
+        self.host = KVPool(cfg) if cfg.kv_backup else None
+        self._host_cells: List[Tuple[int, int, int]] = []
 
     def _slots(self, pages: List[int]) -> Tuple[int, ...]:
         return tuple(s for p in pages for s in self.kv.slots(p))
@@ -52,7 +56,21 @@ class Memory:
         self.dev.transfer_slots(slots, req.rid)
         self.emit(E.Allocated(it, bid, req.rid, purpose, slots, req.row))
         base = first * self.ps
+        if self.host is not None:
+            hpages = self.host.allocate(n, req.rid, BACKUP_PURPOSE, it)
+            req.host_pages.extend(hpages)
+            hslots = self._slots(hpages)
+            self.dev.transfer_host_slots(hslots, req.rid)
+            self._host_cells += [(req.row, base + i, s) for i, s in enumerate(hslots)]
         return [(req.row, base + i, s) for i, s in enumerate(slots)]
+
+    def take_host_cells(self) -> List[Tuple[int, int, int]]:
+        """The request->host-pool cells allocated since the last call (for the launch)."""
+        cells, self._host_cells = self._host_cells, []
+        return cells
+
+    def host_slots(self, reqs) -> frozenset:
+        return frozenset(s for r in reqs for s in self._slots(r.host_pages))
 
     def release(self, req: Request, reason: str, it: int, bid: int) -> None:
         """Take all memory away from ``req``: its KV pages (pending-free until the
@@ -65,6 +83,10 @@ class Memory:
             self.dev.transfer_slots(slots, None)
         self.emit(E.Freed(it, bid, req.rid, slots, reason, until is not None, until))
         req.pages = []
+        if self.host is not None and req.host_pages:
+            if self.host.release(req.host_pages, req.rid, until):
+                self.dev.transfer_host_slots(self._slots(req.host_pages), None)
+            req.host_pages = []
         if req.row is not None:
             self.rows.release(req.row, req.rid)
             self.dev.transfer_row(req.row, None)
@@ -85,6 +107,10 @@ class Memory:
         return pages
 
     def on_processed(self, bid: int, it: int) -> None:
+        if self.host is not None:
+            hpages = self.host.on_processed(bid)
+            if hpages:
+                self.dev.transfer_host_slots(self._slots(hpages), None)
         pages = self.kv.on_processed(bid)
         if pages:
             slots = self._slots(pages)
@@ -96,6 +122,8 @@ class Memory:
         """Pool and rows consistent with the live requests' page lists and rows."""
         self.kv.check_integrity()
         self.rows.check_integrity()
+        if self.host is not None:
+            self.host.check_integrity()
         pages = {}
         for r in live.values():
             for p in r.pages:
@@ -116,4 +144,6 @@ class Memory:
                                  f"page {p}: {self.kv.owned[p]}")
 
     def is_full(self) -> bool:
-        return self.kv.free_pages == self.kv.total and len(self.rows.free) == self.rows.total
+        host_full = self.host is None or self.host.free_pages == self.host.total
+        return (self.kv.free_pages == self.kv.total and len(self.rows.free) == self.rows.total
+                and host_full)

@@ -49,6 +49,34 @@ class DeviceState:
         self.war = rt.new_event("table_reads_done")
         self.kv_buffers = [self.target_kv]     # drafters add their KV buffers
         self.row_buffers = [self.table, self.fm_tok, self.fm_len]   # and their FutureMap rows
+        # seq_lens_sum: the attention metadata's total length, on the device; with
+        # verify_sync the host computes it from the previous verify's published lengths
+        self.lens_sum = rt.empty((1,), i64, "seq_lens_sum", self.fwd)
+        self.new_lens = rt.empty((bs,), i64, "published_lens", self.fwd)
+        self.lens_pin = [rt.host_empty((bs,), i64, f"published_lens_pinned{p}") for p in (0, 1)]
+        self.verified = [rt.new_event(f"verify_done{p}") for p in (0, 1)]
+        if cfg.kv_backup:
+            self._backup_buffers(rt, cfg, kv_width, kv_dtype)
+
+    def _backup_buffers(self, rt, cfg: EngineConfig, kv_width: int, kv_dtype) -> None:
+        """The KV backup stream, its host pool and request->host-pool table (kv_backup)."""
+        i64 = torch.int64
+        self.backup = rt.new_stream("backup")
+        self.host_kv = rt.empty((cfg.pool_tokens, kv_width), kv_dtype or i64, "host_kv_pool",
+                                self.backup)
+        self.host_table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_host",
+                                   self.fwd)
+        rt.launch(self.sched, torch.Tensor.zero_, self.host_table.t, name="zero_host_table",
+                  writes=[self.host_table])
+        self.row_buffers.append(self.host_table)
+        self.hcells_pin = [rt.host_empty((cfg.pool_tokens, 3), i64, f"host_cells_pinned{p}")
+                           for p in (0, 1)]
+        self.forward_done = rt.new_event("forward_done")
+        self.backup_done = rt.new_event("backup_done")
+
+    def transfer_host_slots(self, slots: Iterable[int], owner) -> None:
+        """Host-pool slots change owner (None: freed)."""
+        self.rt.transfer(self.host_kv, list(slots), owner)
 
     def h2d(self, pinned, name: str):
         """A fresh schedule-stream buffer filled from ``pinned`` by a non-blocking copy."""

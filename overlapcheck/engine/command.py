@@ -37,6 +37,11 @@ def register(subparsers) -> None:
     p.add_argument("--draft-reserve", default="double", choices=("double", "exact"))
     p.add_argument("--no-overlap", action="store_true", help="process each batch right after launch")
     p.add_argument("--no-spec", action="store_true", help="plain decode, one token per step")
+    p.add_argument("--verify-sync", action="store_true",
+                   help="the host waits for each verify to compute seq_lens_sum (spec v2 "
+                        "before no-verify-sync; default: summed on the device)")
+    p.add_argument("--kv-backup", action="store_true",
+                   help="back decode KV up to a host pool on its own stream")
     p.add_argument("--tp", type=_ranks, default=1, metavar="N",
                    help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
     p.add_argument("--dist", action="store_true",
@@ -97,7 +102,7 @@ def _config(args):
                         chunk_size=args.chunk_size, spec_steps=args.spec_steps,
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
                         spec=not args.no_spec, model=args.model, draft_kind=args.draft,
-                        tp=args.tp)
+                        tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup)
 
 
 def run(args) -> int:

@@ -35,6 +35,14 @@ class EngineConfig:
       the target KV, none of its own); ``model``: ``oracle``, ``tiny``, ``trained``,
       ``hf:DIR`` or ``random:NAME`` (the form is checked here; ``fake_models.make_model``
       resolves it).
+    * ``verify_sync``: the attention metadata needs the batch's total sequence length
+      (``seq_lens_sum``). On (spec v2 before SGLang PR #23452): under overlap with spec
+      the host waits for the previous verify and reads its new lengths (a declared sync
+      per decode step). Off (the default, that PR's no-verify-sync mode): the sum is
+      computed on the device and the host never waits.
+    * ``kv_backup``: back the decode KV of each step up to a host pool on a backup
+      stream that waits for the forward's done-event; the next forward waits for the
+      pending backup (SGLang PR #21932). The host pool has its own page accounting.
     * ``tp``: tensor-parallel ranks; every rank takes the same scheduling decisions and
       rank 0's results are the engine's (``engine.tp``).
     """
@@ -52,6 +60,8 @@ class EngineConfig:
     model: str = "oracle"
     faults: tuple = ()     # bug-zoo faults switched on (overlapcheck.faults), none by default
     tp: int = 1            # tensor-parallel ranks (engine/tp.py: logical ranks on the sim)
+    verify_sync: bool = False  # host waits for the verify to read seq_lens_sum (seed 001: off)
+    kv_backup: bool = False    # back decode KV up to a host pool on its own stream (seed 003)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -63,6 +73,9 @@ class EngineConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
+        for name in ("overlap", "spec", "verify_sync", "kv_backup"):
+            need(isinstance(getattr(self, name), bool),
+                 f"{name} must be true or false, got {getattr(self, name)!r}")
         need(self.pool_tokens % self.page_size == 0,
              f"pool_tokens ({self.pool_tokens}) must be a multiple of page_size ({self.page_size})")
         need(self.row_width % self.page_size == 0,

@@ -224,6 +224,11 @@ class Snapshot:
     page_size: int = 1
     row_width: int = 0
     rows_total: int = 0
+    # the KV backup's host pool (kv_backup; all zero without it), counted like the device's
+    host_total: int = 0
+    host_free: int = 0
+    host_pending: int = 0
+    host_ledger: Tuple[Tuple[int, RequestId, str, Step], ...] = ()
 
 
 @dataclass(frozen=True)

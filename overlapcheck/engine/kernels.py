@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 # meta columns
-ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT = range(9)
-META = 9
+ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT, LSUM = range(10)
+META = 10   # LSUM: the host's seq_lens_sum of the batch (verify_sync), else 0
 # prefill token staging columns: row, position, token, request id
 P_ROW, P_POS, P_TOK, P_RID = range(4)
 
@@ -55,6 +55,30 @@ def resolve(fm_tok, fm_len, meta, drafts, lens, b):
     rows = meta[:b, ROW]
     drafts[:b, 0] = fm_tok[rows]
     lens[:b] = fm_len[rows]
+
+
+def seq_lens_sum(meta, lens, out, b, from_host):
+    """The batch's total sequence length for the attention metadata: the host's value
+    staged in ``meta`` (verify_sync) or summed on the device."""
+    out[0] = meta[0, LSUM] if from_host else lens[:b].sum()
+
+
+def publish_lens(lens, out_acc, new_lens, b):
+    """The new committed lengths after a verify, for the host's next seq_lens_sum."""
+    new_lens[:b] = lens[:b] + out_acc[:b]
+
+
+def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
+    """Backup stream: copy the KV of each entry's accepted positions to the host pool."""
+    m = meta[:b]
+    offs = torch.arange(width, device=kv.device)
+    pos = (lens[:b].unsqueeze(1) + offs).reshape(-1)
+    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
+    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
+    src, dst = table[rows, pos], host_table[rows, pos]
+    dst = torch.where(keep, dst, dst[0])     # dropped positions rewrite the first kept cell
+    src = torch.where(keep, src, src[0])
+    host_kv[dst] = kv[src]
 
 
 def draft_step(model, draft_kv, table, meta, drafts, lens, j, b):

@@ -94,6 +94,9 @@ class Engine:
             self.batches += 1
             if self.collective is not None:       # the ranks' all-reduce of this batch
                 self.collective.join(self, batch)
+            if self.mem.host is not None:         # the KV backup's host-pool cells and slots
+                batch.host_cells = self.mem.take_host_cells()
+                batch.host_slots = self.mem.host_slots(self.requests[e.rid] for e in batch.entries)
             ops = self.worker.launch(batch)
             self.inflight.append(batch)
             self._emit(E.Launched(it, batch.bid, batch.kind, tuple(ops)))
@@ -207,7 +210,17 @@ class Engine:
             pending=len(pending), ledger=ledger, pending_slots=pending, requests=reqs,
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
-            page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total)
+            page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
+            **self._host_pool())
+
+    def _host_pool(self) -> dict:
+        """The KV backup's host-pool counts for the snapshot (empty without kv_backup)."""
+        host, ps = self.mem.host, self.cfg.page_size
+        if host is None:
+            return {}
+        ledger = tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(host.ledger().items()))
+        return {"host_total": host.total * ps, "host_free": host.free_pages * ps,
+                "host_pending": host.pending_pages * ps, "host_ledger": ledger}
 
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None) -> RunResult:

@@ -59,6 +59,7 @@ class Request:
     abort_requested: bool = False                        # L
     row: Optional[int] = None                            # S: request-pool row
     pages: List[int] = field(default_factory=list)       # S: KV pages, in row order
+    host_pages: List[int] = field(default_factory=list)  # S: host-pool pages (kv_backup), likewise
     committed: int = 0        # S/P: KV positions holding accepted tokens, as the host knows it
     prefill_len: int = 0      # S: positions the current (re)prefill writes
     prefilled: int = 0        # S: positions of that prefill already launched
@@ -107,3 +108,5 @@ class Batch:
     cells: List[Tuple[int, int, int]] = field(default_factory=list)
     slots_read: frozenset = frozenset()     # KV slots the forward may touch (host upper bound)
     handles: object = None                  # device-side handles of the launch (worker)
+    host_cells: List[Tuple[int, int, int]] = field(default_factory=list)  # req->host-pool cells
+    host_slots: frozenset = frozenset()     # host-pool slots its KV backup may write

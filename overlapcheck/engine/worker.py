@@ -38,11 +38,35 @@ class SpecWorker:
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
         self.declared_syncs = 0
         self.faults = FaultSet(cfg.faults)
+        self.backup = cfg.kv_backup
+        # the host reads seq_lens_sum from the previous verify (verify_sync), or, under the
+        # fault verify-sum-unwaited, from its published lengths without the wait
+        self.host_sum = cfg.overlap and cfg.spec and (
+            cfg.verify_sync or self.faults.on("verify-sum-unwaited"))
+        self._published = None   # (bid, parity, {rid: index}) of the newest publishing batch
         self.tags = C.tag_columns(model)   # KV canary on when the model tags its KV rows
 
     # -- host staging ----------------------------------------------------------------------
+    def _lens_sum(self, batch: Batch) -> int:
+        """The host's seq_lens_sum of a decode batch (0 when the device computes it).
+        Lengths of requests that rode the previous, unprocessed decode batch come from its
+        verify: the host waits for it (the declared verify sync) and reads them."""
+        if not self.host_sum or batch.kind == PREFILL:
+            return 0
+        known = {e.rid: self.requests[e.rid].committed for e in batch.entries}
+        if self._published is not None:
+            _, pp, index = self._published
+            if not self.faults.on("verify-sum-unwaited"):
+                self.dev.verified[pp].synchronize()
+                self.declared_syncs += 1
+            lens = self.dev.rt.host_view(self.dev.lens_pin[pp]).tolist()
+            known.update({rid: lens[i] for rid, i in index.items() if rid in known})
+        # summed as the device would, in int64 (an in-flight read may be poison)
+        return int(torch.tensor(list(known.values()), dtype=torch.int64).sum())
+
     def _stage(self, batch: Batch, p: int) -> Tuple[int, int]:
         dev, rt = self.dev, self.dev.rt
+        lsum = self._lens_sum(batch)
         meta = torch.zeros(dev.meta_pin[p].t.shape, dtype=torch.int64)
         ptok = torch.zeros(dev.ptok_pin[p].t.shape, dtype=torch.int64)
         n_tok = 0
@@ -50,7 +74,7 @@ class SpecWorker:
             spec = self.requests[e.rid].spec
             meta[i] = torch.tensor([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED),
                                     e.start, e.n, int(e.sample), int(e.last),
-                                    e.next_token])
+                                    e.next_token, lsum])
             for j, tok in enumerate(e.tokens):
                 ptok[n_tok] = torch.tensor([e.row, e.start + j, tok, e.rid])
                 n_tok += 1
@@ -61,6 +85,10 @@ class SpecWorker:
         rt.host_write(dev.cells_pin[p], cells)
         if batch.kind == PREFILL:
             rt.host_write(dev.ptok_pin[p], ptok)
+        if self.backup and batch.host_cells:
+            hcells = torch.zeros(dev.hcells_pin[p].t.shape, dtype=torch.int64)
+            hcells[:len(batch.host_cells)] = torch.tensor(batch.host_cells, dtype=torch.int64)
+            rt.host_write(dev.hcells_pin[p], hcells)
         return len(batch.cells), n_tok
 
     # -- launch ------------------------------------------------------------------------------
@@ -71,8 +99,11 @@ class SpecWorker:
         sp = 0 if self.faults.on("single-staging-buffer") else p   # fault: one staging buffer
         n_cells, n_tok = self._stage(batch, sp)
         s, f, c = dev.sched, dev.fwd, dev.copy
+        waits_backup = self.backup and not self.faults.on("backup-not-waited")
         if not self.faults.on("no-war-barrier"):
             s.wait_event(dev.war)                               # WAR barrier
+            if waits_backup:
+                s.wait_event(dev.backup_done)    # the pending backup reads the tables too
         staged = [dev.h2d(dev.meta_pin[sp], "meta")]
         cells_d = dev.h2d(dev.cells_pin[sp], "cells")
         staged.append(cells_d)
@@ -84,7 +115,11 @@ class SpecWorker:
             ops.append("write_table")
         if batch.kind == PREFILL:
             staged.append(dev.h2d(dev.ptok_pin[sp], "prefill_tokens"))
+        if self.backup and batch.host_cells:
+            staged.append(self._write_host_table(batch, sp))
         f.wait_stream(s)
+        if waits_backup:
+            f.wait_event(dev.backup_done)          # the pending backup of the last forward
         for buf in staged:
             if not self.faults.on("index-no-record-stream"):
                 rt.record_stream(buf, f)
@@ -109,6 +144,31 @@ class SpecWorker:
         for buf in staged + outs:
             rt.free(buf)
         return ops + ["d2h"]
+
+    def _write_host_table(self, batch: Batch, sp: int):
+        dev, rt = self.dev, self.dev.rt
+        hcells = dev.h2d(dev.hcells_pin[sp], "host_cells")
+        rt.launch(dev.sched, K.write_table, dev.host_table.t, hcells.t, len(batch.host_cells),
+                  name="write_host_table", reads=[hcells],
+                  writes=[dev.host_table.rows({r for r, _, _ in batch.host_cells})])
+        return hcells
+
+    def _backup(self, st: "_Step", meta) -> List[str]:
+        """Back the accepted positions' KV up to the host pool on the backup stream,
+        after the forward's done-event; the next forward waits for ``backup_done``."""
+        dev, rt, b = self.dev, self.dev.rt, len(st.batch.entries)
+        dev.forward_done.record(dev.fwd)
+        dev.backup.wait_event(dev.forward_done)
+        for buf in (meta, st.out_acc):
+            rt.record_stream(buf, dev.backup)
+        rt.launch(dev.backup, K.backup_kv, dev.target_kv.t, dev.host_kv.t, dev.table.t,
+                  dev.host_table.t, meta.t, dev.lens.t, st.out_acc.t, self.k + 1 if self.spec else 1,
+                  b, name="backup_kv",
+                  reads=[dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows),
+                         dev.host_table.rows(st.rows), meta, dev.lens, st.out_acc],
+                  writes=[dev.host_kv.rows(st.batch.host_slots)])
+        dev.backup_done.record(dev.backup)
+        return ["backup_kv"]
 
     def _prefill(self, st: "_Step") -> List[str]:
         dev, rt, b = self.dev, self.dev.rt, len(st.batch.entries)
@@ -142,7 +202,9 @@ class SpecWorker:
         rt.launch(dev.fwd, K.resolve, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.drafts.t,
                   dev.lens.t, b, name="resolve", reads=fm + [meta],
                   writes=[dev.drafts, dev.lens])
-        ops = ["resolve"]
+        rt.launch(dev.fwd, K.seq_lens_sum, meta.t, dev.lens.t, dev.lens_sum.t, b, self.host_sum,
+                  name="seq_lens_sum", reads=[meta, dev.lens], writes=[dev.lens_sum])
+        ops = ["resolve", "seq_lens_sum"]
         if self.faults.on("hidden-seq-lens-sync"):              # fault: a sync per decode
             self.seq_lens_sum = int(rt.to_host(dev.lens, dev.fwd)[:b].sum())
         if not self.spec:
@@ -161,6 +223,8 @@ class SpecWorker:
             rt.launch(dev.fwd, K.accept, dev.drafts.t, dev.tgt.t, st.out_tok.t, st.out_acc.t,
                       k, b, name="accept", reads=[dev.drafts, dev.tgt],
                       writes=[st.out_tok, st.out_acc])
+            if self.host_sum:
+                ops += self._publish(st)
             early = self.faults.on("war-before-extend")
             if early:                                           # fault: before the last reads
                 dev.war.record(dev.fwd)
@@ -171,7 +235,22 @@ class SpecWorker:
         rt.launch(dev.fwd, K.stash, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.lens.t,
                   st.out_tok.t, st.out_acc.t, b, name="stash",
                   reads=[meta, dev.lens, st.out_tok, st.out_acc], writes=fm)
-        return ops + ["stash"]
+        ops.append("stash")
+        if self.backup:
+            ops += self._backup(st, meta)
+        return ops
+
+    def _publish(self, st: "_Step") -> List[str]:
+        """The verify's new lengths, copied to pinned memory for the host's next
+        seq_lens_sum, and the verify-done event the host waits for."""
+        dev, rt, b = self.dev, self.dev.rt, len(st.batch.entries)
+        p = st.batch.bid % 2
+        rt.launch(dev.fwd, K.publish_lens, dev.lens.t, st.out_acc.t, dev.new_lens.t, b,
+                  name="publish_lens", reads=[dev.lens, st.out_acc], writes=[dev.new_lens])
+        rt.copy(dev.lens_pin[p], dev.new_lens, dev.fwd, non_blocking=True)
+        dev.verified[p].record(dev.fwd)
+        self._published = (st.batch.bid, p, {e.rid: i for i, e in enumerate(st.batch.entries)})
+        return ["publish_lens"]
 
     def _canary(self, st: "_Step", meta, prefill: bool) -> List[str]:
         """The KV canary record of this forward (before the WAR barrier's record: it
@@ -191,6 +270,8 @@ class SpecWorker:
         results: per entry, the output tokens and the accept length."""
         dev, rt = self.dev, self.dev.rt
         p = batch.bid % 2
+        if self._published is not None and self._published[0] == batch.bid:
+            self._published = None    # its lengths are the host's own from now on
         if not self.faults.on("no-copy-done-wait"):
             dev.done[p].synchronize()
             self.declared_syncs += 1
