@@ -17,7 +17,7 @@ from overlapcheck.fuzz import Case, ScheduleSpec, run_case
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.repro.format import Repro, save
 
-BUDGET = 150          # generated examples per hunt (no shrinking: the first hit is kept)
+BUDGET = 200          # generated examples per hunt (no shrinking: the first hit is kept)
 NO_RACE = ("kv-accounting", "kv-canary", "parity", "metrics", "no-hidden-sync", "lifecycle",
            "liveness")
 ROOT = pathlib.Path(__file__).resolve().parents[1]

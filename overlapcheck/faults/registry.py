@@ -112,6 +112,22 @@ _ENTRIES = (
           "SGLang (pin_memory in forward_batch.init_new, seed PR): pinned H2D staging buffer "
           "overwritten by the host before the previous copy finished",
           "kv-canary", "overlap, with the schedule stream behind the host"),
+    Fault("verify-sum-unwaited", 13, "engine/worker.py SpecWorker._lens_sum",
+          "with the verify sync removed (verify_sync off), the host still computes "
+          "seq_lens_sum from the previous verify's published lengths, reading the pinned "
+          "buffer of their non-blocking copy without waiting for its event: an in-flight "
+          "(stale or poison) value",
+          "SGLang PR #23452 (remove wait_for_verify): CPU-side sums such as seq_lens_sum "
+          "computed from values still in flight",
+          "stream-race", "overlap, spec, verify_sync off, a request decoding in consecutive "
+          "batches"),
+    Fault("backup-not-waited", 15, "engine/worker.py SpecWorker.launch",
+          "the next forward does not wait for the pending KV backup: its resolve rewrites "
+          "the committed lengths (and its verify the KV) the backup stream is still "
+          "reading",
+          "SGLang PR #21932 (HiSparse decode backup): the backup stream not waited for "
+          "before the next decode",
+          "stream-race", "kv_backup on, the backup stream behind the forward stream"),
     Fault("mtp-draft-reads-unfrozen-kv", 17, "engine/drafts_mtp.py MTPDraft.launch_drafts",
           "draft step j of the frozen-KV MTP draft attends to the target KV up to the "
           "position it drafts instead of the committed positions only: the extra slots hold "

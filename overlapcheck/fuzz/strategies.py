@@ -20,7 +20,7 @@ from ..engine.config import DRAFT_KINDS, RESERVE_RULES
 from ..engine.types import GREEDY, SEEDED
 from .case import Case, ScheduleSpec
 
-STREAMS = ("schedule", "forward", "copy")
+STREAMS = ("schedule", "forward", "copy", "backup")   # backup: with kv_backup only
 VOCAB = 64
 WHOLE_RUN = 10 ** 9    # a stall window no run reaches the end of
 
@@ -34,6 +34,7 @@ class Features:
     overlap: bool
     spec: bool
     tp: int = 1       # logical ranks: 2 in a quarter of the examples
+    burst: bool = False   # arrivals close together: more requests than rows, rows reused at once
 
 
 @st.composite
@@ -42,7 +43,7 @@ def features(draw) -> Features:
     return Features(aborts=draw(b), stops=draw(b), seeded=draw(b), tight_pool=draw(b),
                     overlap=draw(st.sampled_from((True, True, True, False))),
                     spec=draw(st.sampled_from((True, True, True, False))),
-                    tp=draw(st.sampled_from((1, 1, 1, 2))))
+                    tp=draw(st.sampled_from((1, 1, 1, 2))), burst=draw(b))
 
 
 @st.composite
@@ -61,7 +62,10 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds))),
-        model=draw(st.sampled_from(tuple(models))))
+        model=draw(st.sampled_from(tuple(models))),
+        # the seeds' variants, each in a quarter of the examples
+        verify_sync=draw(st.sampled_from((False, False, False, True))),
+        kv_backup=draw(st.sampled_from((False, False, False, True))))
 
 
 @st.composite
@@ -70,7 +74,7 @@ def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
     step, reqs, aborts = 0, [], []
     max_prompt = min(16, cfg.max_context - 1)
     for rid in range(n):
-        step += draw(st.integers(0, 3))
+        step += draw(st.integers(0, 1 if feat.burst else 3))
         prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_prompt)))
         # up to 6 stop ids: a stop inside an accept run (and at its end) is common enough
         stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=6))) if feat.stops else ()
@@ -99,8 +103,9 @@ def schedules(draw) -> ScheduleSpec:
                            max_size=6))
     windows = tuple((s, a, a + d) for s, a, d in stalls)
     # a stream that lags the host for the whole run (it retires only what a sync needs),
-    # as a GPU's does when the host runs ahead: the reuse windows stay open every step
-    lag = draw(st.sampled_from((None, None) + STREAMS))
+    # as a GPU's does when the host runs ahead (the forward most often: it computes):
+    # the reuse windows stay open every step
+    lag = draw(st.sampled_from((None, None, "forward") + STREAMS))
     if lag is not None:
         windows = ((lag, 0, WHOLE_RUN),) + windows
     return ScheduleSpec("stalls", 0, windows)
