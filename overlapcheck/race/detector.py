@@ -69,7 +69,7 @@ class _Mem:
     the host epoch of each change, so that an access is attributed to the owner at
     the time the host issued it (device work may run much later)."""
 
-    __slots__ = ("name", "records", "hist", "row_hist", "pledges")
+    __slots__ = ("name", "records", "hist", "row_hist", "pledges", "fence")
 
     def __init__(self, name: str):
         self.name = name
@@ -77,6 +77,7 @@ class _Mem:
         self.hist: list = []
         self.row_hist: Dict[int, list] = {}
         self.pledges: List[Clock] = []
+        self.fence: Clock = []   # work the allocator waited for before handing it out again
 
     def set_owner(self, epoch: int, owner: object) -> None:
         self.hist.append((epoch, owner))
@@ -162,13 +163,16 @@ class Detector:
 
     def alloc(self, mem: MemId, name: str, owner: object = None) -> None:
         """Memory ``mem`` gets a new owner. Reused memory keeps its access records;
-        pledged streams recorded at its free are ordered before the host (the caching
-        allocator only hands the block out once their work is done)."""
+        the work of the streams pledged at its free is ordered before every later
+        access *to this memory* (the caching allocator hands the block out only once
+        that work is done). It is not an edge for the host in general: whether the
+        allocator reused this block or took a fresh one depends on GPU timing, and a
+        race elsewhere must not hide behind it."""
         m = self.mem.get(mem)
         if m is None:
             m = self.mem[mem] = _Mem(name)
         for snap in m.pledges:
-            join_into(self.clocks[HOST], snap)
+            join_into(m.fence, snap)
         m.pledges = []
         m.name = name
         m.set_owner(self._host_epoch(), owner)
@@ -213,7 +217,8 @@ class Detector:
             if both is not None and not both:
                 keep.append(prev)
                 continue
-            before = prev.ctx == ctx or get(clock, prev.ctx) >= prev.epoch
+            before = (prev.ctx == ctx or get(clock, prev.ctx) >= prev.epoch
+                      or get(m.fence, prev.ctx) >= prev.epoch)
             after = not before and get(prev.clock, ctx) >= epoch
             if (write or prev.write) and not before and not after:
                 if found is None or prev.epoch >= found.previous.epoch:
