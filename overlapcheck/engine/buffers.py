@@ -26,7 +26,10 @@ class DeviceState:
                                   self.fwd)
         self.table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_token", self.fwd)
         # zero-filled like public engines' req_to_token (a never-written cell reads the
-        # padding slot, not an out-of-range index); in order before every table write
+        # padding slot, not an out-of-range index); in order before every table write.
+        # On a GPU the allocation's poison fill is a kernel on the forward stream: the
+        # zeroing on the schedule stream must come after it.
+        self.sched.wait_stream(self.fwd)
         rt.launch(self.sched, torch.Tensor.zero_, self.table.t, name="zero_table",
                   writes=[self.table])
         # FutureMap: rows indexed by request-pool row, written and read by the forward stream.
@@ -66,6 +69,7 @@ class DeviceState:
                                 self.backup)
         self.host_table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_host",
                                    self.fwd)
+        self.sched.wait_stream(self.fwd)          # after its poison fill (see the table)
         rt.launch(self.sched, torch.Tensor.zero_, self.host_table.t, name="zero_host_table",
                   writes=[self.host_table])
         self.row_buffers.append(self.host_table)
