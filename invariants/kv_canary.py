@@ -45,10 +45,19 @@ class KVCanary(Checker):
         out = []
         toks = self.tokens.get(ev.rid)
         where = f"batch {ev.batch} (request {ev.rid})"
+        if ev.read_len < 0 or ev.bad < 0 or ev.bad > max(ev.read_len, 0):
+            # not a record the forward wrote: the host read the pinned buffer before the
+            # copy landed (poison) or after the next batch's copy (a stale record)
+            self.kept.pop((ev.rid, ev.batch), None)
+            return [Violation(
+                self.name, ev.iteration, f"the canary record of {where} is not one a "
+                f"forward wrote", "0 <= mismatching slots <= read length",
+                f"read length {ev.read_len}, mismatching slots {ev.bad}", ("garbled-record",),
+                {"rid": ev.rid, "read_len": ev.read_len, "bad": ev.bad})]
         if ev.bad:
             tok, pos, rid = ev.found
             want = f"request {ev.rid}, position {ev.position}"
-            if toks is not None and ev.position < len(toks):
+            if toks is not None and 0 <= ev.position < len(toks):
                 want += f", token {toks[ev.position]}"
             kind = "stale-own-slot" if rid == ev.rid else "foreign-slot"
             out.append(Violation(

@@ -68,7 +68,7 @@ class Outcome:
 
 def _exception_finding(exc: BaseException, step: int) -> Finding:
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "overlapcheck" in f.filename or "fake_models" in f.filename]
+              if any(p in f.filename for p in ("overlapcheck", "fake_models", "invariants"))]
     where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
     text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {where})"
     return Finding(ENGINE_EXCEPTION, (type(exc).__name__, where), step, text)

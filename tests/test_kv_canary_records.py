@@ -1,0 +1,31 @@
+"""kv-canary on records the host read too early: a poison or stale canary record is a
+violation of its own (the copy had not landed), never a crash of the checker."""
+from invariants.kv_canary import KVCanary
+from overlapcheck.engine import RequestSpec
+from overlapcheck.engine import events as E
+
+POISON = -6510615555426900571
+
+
+def _checker():
+    c = KVCanary()
+    c.feed(E.Arrived(0, -1, 7, RequestSpec(7, 0, (3, 4, 5), 8)))
+    return c
+
+
+def test_a_poison_record_is_reported_not_crashed_on():
+    out = _checker().feed(E.Canary(2, 0, 7, POISON, POISON, POISON, POISON,
+                                   (POISON, POISON, POISON), POISON))
+    assert [v.site for v in out] == [("garbled-record",)]
+    assert "not one a forward wrote" in str(out[0]) and str(POISON) in str(out[0])
+
+
+def test_a_mismatch_past_the_known_tokens_names_the_slot():
+    out = _checker().feed(E.Canary(2, 0, 7, 3, 1, 12, 9, (1, 9, 5), 0))
+    assert [v.site for v in out] == [("foreign-slot",)] and "slot 12" in str(out[0])
+
+
+def test_a_good_record_is_quiet():
+    c = _checker()
+    digest = E.token_digest([3, 4, 5])
+    assert c.feed(E.Canary(2, 0, 7, 3, 0, -1, -1, (0, 0, 7), digest)) == []
