@@ -1,0 +1,134 @@
+"""The per-mode figures of bench/modes.py (DESIGN §8), printed, never asserted.
+
+* ``sim_figures``: engine steps/s per mode on the sim, one thread, oracle model,
+  unchecked (no observer, detector off) and checked (every checker, detector on,
+  declared accesses), best of ``repeat``.
+* ``throughput``: steady decode tokens/s per mode and non-overlap on ``device`` (a
+  steady window as bench/gpu_overlap.py times it, its ``Window``), runs interleaved,
+  medians, as ratios to the standard mode; logical-rank modes are left out (sim only).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import statistics
+import time
+
+import torch
+
+from overlapcheck.engine import EngineConfig, generate, make_engine
+
+_MODELS: dict = {}
+
+
+def model(name: str):
+    """One model object per name and process (the trained pair loads once)."""
+    if name not in _MODELS:
+        from fake_models import make_model
+        _MODELS[name] = make_model(name)
+    return _MODELS[name]
+
+
+def sim_figures(modes, requests, repeat) -> dict:
+    """Steps/s per mode on the sim, one thread, unchecked and checked (best of ``repeat``)."""
+    from invariants import make_checkers
+    from invariants.drive import Monitor, reference_run
+    from overlapcheck.device import make_runtime
+    torch.set_num_threads(1)
+
+    def once(cfg, wl, ref, checked):
+        rt = make_runtime("sim", seed=0, strategy="random", detect=checked, access="declared")
+        mon = Monitor(make_checkers((), reference=ref)) if checked else None
+        eng = make_engine(cfg, rt, model("oracle"), mon)
+        t = time.perf_counter()
+        res = eng.run(wl)
+        dt = time.perf_counter() - t
+        return dt, res.summary, len(mon.finish()) if mon else 0
+
+    out = {}
+    for name, kw in modes.items():
+        try:
+            cfg = dataclasses.replace(EngineConfig(), **kw)
+        except ValueError as e:
+            out[name] = {"skipped": str(e)}
+            continue
+        once(cfg, generate(0, 2, cfg), None, False)      # one-time costs out of the figures
+        wl = generate(0, requests, cfg)
+        ref = reference_run(cfg, wl)
+        rec = {}
+        for label, checked in (("unchecked", False), ("checked", True)):
+            dt, s, bad = min((once(cfg, wl, ref, checked) for _ in range(repeat)), key=lambda x: x[0])
+            rec[label] = {"steps_per_s": s.steps / dt, "tokens_per_s": s.tokens / dt, "steps": s.steps,
+                          "violations": bad}
+        rec["checked_ratio"] = rec["checked"]["steps_per_s"] / rec["unchecked"]["steps_per_s"]
+        out[name] = rec
+    return out
+
+
+def throughput(device, modes, model_name, batches, steps, settle, repeat) -> dict:
+    """Steady decode tokens/s per mode (and non-overlap), interleaved runs, medians."""
+    import gpu_overlap as G
+    from overlapcheck.device import make_runtime
+    geo = argparse.Namespace(row_width=256, page_size=16, prompt=16, spec_steps=3, draft="standalone")
+    variants = {n: kw for n, kw in modes.items() if "tp" not in kw}
+    variants["non-overlap"] = {"overlap": False}
+    m, out = model(model_name), {}
+
+    def once(batch, kw, n):
+        cfg, wl = G.make_case(model_name, m, batch, geo, True)
+        eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
+            device, seed=0, strategy="eager", detect=False, access="declared"), m)
+        gc.collect()
+        w = G.Window(eng, device, batch, settle, n)
+        try:
+            eng.run(wl)
+        except G._Done:
+            pass
+        if not w.result:
+            raise SystemExit(f"batch {batch} {kw}: no steady decode window")
+        return w.result
+
+    for batch in batches:
+        runs = {}
+        for name, kw in variants.items():
+            try:
+                once(batch, kw, 2)                         # warm-up, first-time costs
+                runs[name] = []
+            except ValueError as e:
+                out.setdefault(batch, {})[name] = {"skipped": str(e)}
+        for _ in range(repeat):
+            for name in runs:
+                runs[name].append(once(batch, variants[name], steps))
+        rec = out.setdefault(batch, {})
+        for name, rs in runs.items():
+            rec[name] = {k: statistics.median(r[k] for r in rs) for k in
+                         ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
+            rec[name]["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
+        std = rec["standard"]["tokens_per_s"]
+        for v in rec.values():
+            if "tokens_per_s" in v:
+                v["vs_standard"] = v["tokens_per_s"] / std
+    return out
+
+
+def print_figures(doc) -> None:
+    if doc.get("sim_figures"):
+        print("\nsim, oracle, one thread: steps/s (tokens/s)")
+        print(f"{'mode':12s} {'unchecked':>18s} {'checked':>18s} {'checked/unch':>12s} {'viol':>5s}")
+        for name, r in doc["sim_figures"].items():
+            if "skipped" in r:
+                print(f"{name:12s} skipped: {r['skipped']}")
+                continue
+            u, c = r["unchecked"], r["checked"]
+            print(f"{name:12s} {u['steps_per_s']:8.1f} ({u['tokens_per_s']:7.1f}) {c['steps_per_s']:8.1f} "
+                  f"({c['tokens_per_s']:7.1f}) {r['checked_ratio']:12.3f} {c['violations']:5d}")
+    for batch, rec in (doc.get("throughput") or {}).items():
+        print(f"\n{doc['device']}, {doc['args']['model']}, batch {batch}: steady decode")
+        print(f"{'mode':12s} {'tokens/s':>9s} {'vs std':>7s} {'steps/s':>8s} {'syncs':>6s} {'declared':>8s}")
+        for name, v in rec.items():
+            if "skipped" in v:
+                print(f"{name:12s} skipped: {v['skipped']}")
+                continue
+            print(f"{name:12s} {v['tokens_per_s']:9.1f} {v['vs_standard']:7.3f} {v['steps_per_s']:8.1f} "
+                  f"{v['syncs_per_step']:6.2f} {v['declared_per_step']:8.2f}")
