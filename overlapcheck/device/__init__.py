@@ -5,12 +5,29 @@
 from __future__ import annotations
 
 
+from typing import TYPE_CHECKING
+
 from .. import seeds
-from .api import ACCESS_MODES, AnnotationError, DuplicateWriteError, Event, RaceError, Runtime, Stream, StuckWait
-from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, Region, is_poison, poison_value
 from .sched import STRATEGIES, Diverged, Replay, Strategy, make_strategy
 
 DEVICES = ("sim", "cuda")
+
+if TYPE_CHECKING:
+    from .api import Runtime
+
+# the runtime and buffers need torch: imported on first use, so that the command line
+# answers `--help` and usage errors without loading torch
+_LAZY = {**dict.fromkeys(("ACCESS_MODES", "AnnotationError", "DuplicateWriteError", "Event",
+                          "RaceError", "Runtime", "Stream", "StuckWait"), "api"),
+         **dict.fromkeys(("DEVICE", "PAGEABLE", "PINNED", "Buffer", "Region", "is_poison",
+                          "poison_value"), "buffers")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
            "AnnotationError", "DuplicateWriteError", "RaceError", "StuckWait", "Diverged", "Replay", "Strategy",
@@ -19,7 +36,7 @@ __all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
 
 
 def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: bool = True,
-                 access: str = "infer", on_race: str = "collect") -> Runtime:
+                 access: str = "infer", on_race: str = "collect") -> "Runtime":
     """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
     (sim only); its randomness is the ``schedule`` sub-stream of ``seed``."""
     if device == "sim":

@@ -17,11 +17,20 @@ runtime (``overlapcheck.device.make_runtime``). Module map:
 """
 from .config import EngineConfig
 from .events import Snapshot
-from .loop import Engine, EngineStuck
 from .results import RequestResult, RunResult, Summary
-from .tp import TPEngine, make_engine
 from .types import RequestSpec
 from .workload import AbortAt, Workload, WorkloadError, generate, load, parse
+
+# the engine itself needs torch: imported on first use, so that `overlapcheck --help`
+# and usage errors answer at once
+_LAZY = {"Engine": "loop", "EngineStuck": "loop", "TPEngine": "tp", "make_engine": "tp"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Engine", "EngineConfig", "EngineStuck", "RequestSpec", "Workload", "AbortAt",
            "WorkloadError", "RunResult", "RequestResult", "Summary", "Snapshot",
@@ -35,6 +44,7 @@ def run_workload(cfg: EngineConfig, workload: Workload, device: str = "sim", see
     counted in the summary (``rt`` itself is not returned: see ``Engine`` for that)."""
     from fake_models import make_model
     from ..device import make_runtime
+    from .tp import make_engine
     rt = make_runtime(device, seed=seed, strategy=strategy, detect=detect, access=access)
     eng = make_engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
     return eng.run(workload)

@@ -41,7 +41,6 @@ def register(sub) -> None:
 def _options(args):
     from ..cli import UsageError
     from ..engine import config as C
-    from .campaign import Options
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time}")
     if args.examples is not None and args.examples < 1:
@@ -52,11 +51,6 @@ def _options(args):
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.device not in ("sim", "cuda"):
         raise UsageError(f"unknown device {args.device!r} (choose from sim, cuda)")
-    try:   # builds the model once: a bad name or model directory is one line, exit 2
-        from fake_models import make_model
-        make_model(args.model)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
     kinds = C.DRAFT_KINDS if args.draft is None else (args.draft,)
     if args.draft is not None and args.draft not in C.DRAFT_KINDS:
         raise UsageError(f"unknown draft kind {args.draft!r} (choose from {', '.join(C.DRAFT_KINDS)})")
@@ -68,6 +62,12 @@ def _options(args):
         raise UsageError(str(e)) from None
     faults = tuple(args.fault)
     _check_faults(faults)
+    try:   # builds the model once: a bad name or model directory is one line, exit 2
+        from fake_models import make_model
+        make_model(args.model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    from .campaign import Options
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -92,9 +92,9 @@ def _check_faults(faults) -> None:
 
 
 def run(args) -> int:
+    opts = _options(args)      # usage errors first, before the engine is imported
     from .campaign import stderr_progress
     from .jobs import run_jobs
-    opts = _options(args)
     opts.progress = None if args.json else stderr_progress
     summary = run_jobs(opts, args.jobs)
     if args.json:

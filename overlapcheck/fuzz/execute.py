@@ -13,7 +13,7 @@ import json
 import os
 import traceback
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from invariants.drive import Halt
 
@@ -22,36 +22,8 @@ from ..engine import EngineStuck, RunResult, make_engine
 from ..engine import events as E
 from .case import Case
 from .checks import CheckSession
+from .finding import ENGINE_EXCEPTION, Finding
 
-ENGINE_EXCEPTION = "engine-exception"
-
-
-@dataclass(frozen=True)
-class Finding:
-    checker: str
-    site: Tuple[str, ...]
-    step: int
-    text: str
-    data: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def key(self) -> Tuple[str, ...]:
-        return (self.checker,) + tuple(self.site)
-
-    @property
-    def ident(self) -> str:
-        """A short stable id of the bug (checker and site)."""
-        h = hashlib.sha256(json.dumps(list(self.key)).encode()).hexdigest()[:10]
-        return f"{self.checker}-{h}"
-
-    def to_dict(self) -> dict:
-        return {"checker": self.checker, "site": list(self.site), "step": self.step,
-                "text": self.text, "data": self.data}
-
-    @staticmethod
-    def from_dict(d: dict) -> "Finding":
-        return Finding(str(d["checker"]), tuple(map(str, d["site"])), int(d["step"]),
-                       str(d["text"]), dict(d.get("data") or {}))
 
 
 @dataclass

@@ -46,9 +46,9 @@ def _load(path):
 
 
 def run_replay(args) -> int:
+    r = _load(args.file)          # a bad file is a usage error before the engine loads
     from .replay import emit_pytest, replay
     from .format import write_atomic
-    r = _load(args.file)
     res = replay(r)
     if args.emit_pytest:
         write_atomic(args.emit_pytest, emit_pytest(r, args.file))

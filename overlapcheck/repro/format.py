@@ -18,7 +18,7 @@ import yaml
 
 from .. import __version__
 from ..fuzz.case import Case, CaseError
-from ..fuzz.execute import Finding
+from ..fuzz.finding import Finding
 
 SCHEMA = 1
 MAX_BYTES = 16 << 20
