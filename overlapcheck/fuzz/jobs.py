@@ -30,6 +30,11 @@ def _job_entry(args):
 def run_jobs(opts: Options, jobs: int) -> dict:
     t0 = time.monotonic()
     if jobs == 1:
+        if opts.device == "sim":
+            # the sim runs thousands of tiny CPU ops per step: intra-op threads only add
+            # contention (and the models are batch invariant on one thread)
+            import torch
+            torch.set_num_threads(1)
         s = Campaign(opts).run().summary()
         s["jobs"] = 1
         return s
