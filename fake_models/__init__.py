@@ -13,21 +13,24 @@ of the buffers they are given):
 * ``target_hidden(kv, table, rows, ctx_lens)``: the hidden state behind that token;
 * ``head("eagle" | "mtp")``: the EAGLE-style head or the frozen-KV MTP draft.
 
-Models: ``oracle`` (integer hashes; ``oracle_heads``), ``tiny`` (a small RoPE
-transformer over the paged KV; ``tiny``, ``tiny_heads``, ``tiny_ops``), and the
-real-architecture Llama/Qwen decoders of ``hf``: ``hf:DIR``, ``random:NAME``,
-``trained``. A model that cannot be built raises ``hf.ModelError`` (a ``ValueError``).
+Models: ``oracle`` (integer hashes; ``oracle_heads``; ``oracle-hostlens``: its draft
+also reads the host's sequence lengths, ``reads_host_lens`` and ``host_lens_cut``),
+``tiny`` (a small RoPE transformer over the paged KV; ``tiny``, ``tiny_heads``,
+``tiny_ops``), and the real-architecture Llama/Qwen decoders of ``hf``: ``hf:DIR``,
+``random:NAME``, ``trained``. A model that cannot be built raises ``hf.ModelError``
+(a ``ValueError``).
 """
 from .oracle import OracleModel
 from .tiny import TinyModel
 
-MODELS = ("oracle", "tiny")
+MODELS = ("oracle", "oracle-hostlens", "tiny")
 
 __all__ = ["OracleModel", "TinyModel", "MODELS", "make_model"]
 
 
 def make_model(name: str, **kw):
-    """A model by name: ``oracle``, ``tiny``, ``trained``, ``hf:DIR`` or ``random:NAME``."""
+    """A model by name: ``oracle``, ``oracle-hostlens``, ``tiny``, ``trained``, ``hf:DIR``
+    or ``random:NAME``."""
     if name == "trained" or name.startswith(("hf:", "random:")):
         from . import hf
         if name == "trained":
@@ -36,6 +39,8 @@ def make_model(name: str, **kw):
         return hf.from_dir(name[3:]) if name.startswith("hf:") else hf.random_pair(name[7:])
     if name == "oracle":
         return OracleModel(**kw)
+    if name == "oracle-hostlens":
+        return OracleModel(host_lens=True, **kw)
     if name == "tiny":
         return TinyModel(**kw)
     raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)}, trained, hf:DIR, random:NAME)")

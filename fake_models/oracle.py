@@ -10,6 +10,14 @@ requests), so results do not depend on batch-mates, chunking or retraction.
 The draft computes the same hash over the *draft* KV and agrees with the target's
 token with a tunable, deterministic probability (``agreement`` percent).
 
+Host lengths (``oracle-hostlens``, ``host_lens=True``): the draft reads the host's
+sequence lengths (``seq_lens_cpu``) of the round it drafts, as an attention backend
+sizes its metadata from them. The host's value is an upper bound of the round's start
+length; one below the device's length cuts the draft's context and changes its tokens
+(``host_lens_cut``), so stale host lengths change drafts and accept lengths, never the
+committed tokens. A right bound changes nothing: drafts stay the same whatever the
+schedule.
+
 Sampling: the oracle's "logits" are the context hash ``h``. Greedy takes the token
 ``h`` ranks first; seeded sampling picks, from ``(h, request seed, position)`` alone,
 the greedy token or (30% of the time) another one.
@@ -49,10 +57,14 @@ class OracleModel:
     hidden_dtype = torch.int64
     kv_tag_columns = (TOK, POS, RID)   # what the engine's KV canary checks
 
-    def __init__(self, vocab: int = 64, agreement: int = 70, salt: int = 0):
+    def __init__(self, vocab: int = 64, agreement: int = 70, salt: int = 0,
+                 host_lens: bool = False):
         if vocab < 2 or not 0 <= agreement <= 100:
             raise ValueError(f"oracle needs vocab >= 2 and agreement in 0..100, got {vocab}, {agreement}")
         self.vocab, self.agreement, self.salt = vocab, agreement, salt
+        self.reads_host_lens = host_lens     # the engine stages seq_lens_cpu for its drafts
+        if host_lens:
+            self.name = "oracle-hostlens"
         self._heads = {}
 
     # -- KV -----------------------------------------------------------------------------
@@ -120,3 +132,11 @@ class OracleModel:
         agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
         other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
         return torch.where(agree, like, other)
+
+    def host_lens_cut(self, drafts, lens, host_lens) -> torch.Tensor:
+        """Draft tokens of a round that starts at the device's ``lens``, drafted with the
+        host's ``host_lens``: unchanged where the host's bound holds (``host_lens >=
+        lens``), else another token (the context was cut by ``lens - host_lens``)."""
+        cut = (lens - host_lens).clamp(min=0)
+        other = (drafts + 1 + mix(drafts % M, cut, 5) % (self.vocab - 1)) % self.vocab
+        return torch.where(cut > 0, other, drafts)

@@ -24,8 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="run seed (workload, schedule)")
     p.add_argument("--device", default="sim", choices=("sim", "cuda"))
     p.add_argument("--model", default="oracle", metavar="MODEL", type=_model_name,
-                   help="oracle, tiny, trained, hf:DIR (HF-format Llama/Qwen directory) "
-                        "or random:NAME (e.g. random:qwen3-0.6b)")
+                   help="oracle, oracle-hostlens, tiny, trained, hf:DIR (HF-format "
+                        "Llama/Qwen directory) or random:NAME (e.g. random:qwen3-0.6b)")
     p.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"),
                    help="draft kind (standalone model, EAGLE-style head, frozen-KV MTP)")
     p.add_argument("--spec-steps", type=int, default=3, metavar="K")
@@ -42,6 +42,9 @@ def register(subparsers) -> None:
                         "before no-verify-sync; default: summed on the device)")
     p.add_argument("--kv-backup", action="store_true",
                    help="back decode KV up to a host pool on its own stream")
+    p.add_argument("--zero-bubble", action="store_true",
+                   help="draft each next round right after the draft-extend; the next "
+                        "decode restores the drafts instead of drafting")
     p.add_argument("--tp", type=_ranks, default=1, metavar="N",
                    help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
     p.add_argument("--dist", action="store_true",
@@ -102,7 +105,8 @@ def _config(args):
                         chunk_size=args.chunk_size, spec_steps=args.spec_steps,
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
                         spec=not args.no_spec, model=args.model, draft_kind=args.draft,
-                        tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup)
+                        tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup,
+                        zero_bubble=args.zero_bubble)
 
 
 def run(args) -> int:

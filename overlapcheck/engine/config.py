@@ -11,7 +11,7 @@ from ..faults import check_names
 
 DRAFT_KINDS = ("standalone", "eagle", "mtp")   # drafts.DRAFTERS
 RESERVE_RULES = ("double", "exact")
-MODELS = ("oracle", "tiny")
+MODELS = ("oracle", "oracle-hostlens", "tiny")   # oracle-hostlens: its draft reads seq_lens_cpu
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class EngineConfig:
       decoding (off: one token per decode step).
     * ``draft_kind``: ``standalone`` (a draft model with its own KV), ``eagle`` (a head
       on the target's hidden states, its own one-layer KV) or ``mtp`` (frozen-KV: reads
-      the target KV, none of its own); ``model``: ``oracle``, ``tiny``, ``trained``,
-      ``hf:DIR`` or ``random:NAME`` (the form is checked here; ``fake_models.make_model``
-      resolves it).
+      the target KV, none of its own); ``model``: ``oracle``, ``oracle-hostlens`` (its
+      draft reads the host's sequence lengths), ``tiny``, ``trained``, ``hf:DIR`` or
+      ``random:NAME`` (the form is checked here; ``fake_models.make_model`` resolves it).
     * ``verify_sync``: the attention metadata needs the batch's total sequence length
       (``seq_lens_sum``). On (spec v2 before SGLang PR #23452): under overlap with spec
       the host waits for the previous verify and reads its new lengths (a declared sync
@@ -43,6 +43,11 @@ class EngineConfig:
     * ``kv_backup``: back the decode KV of each step up to a host pool on a backup
       stream that waits for the forward's done-event; the next forward waits for the
       pending backup (SGLang PR #21932). The host pool has its own page accounting.
+    * ``zero_bubble``: the zero-bubble spec schedule (SGLang PR #21895): each decode
+      drafts the *next* round right after its draft-extend and stashes the drafts in the
+      FutureMap; the next decode restores them instead of drafting (it drafts at its
+      start only for a request without a pre-drafted round). The decode reserve covers
+      the pre-drafted round's draft KV (``engine/drafts_round.py``).
     * ``tp``: tensor-parallel ranks; every rank takes the same scheduling decisions and
       rank 0's results are the engine's (``engine.tp``).
     """
@@ -62,6 +67,7 @@ class EngineConfig:
     tp: int = 1            # tensor-parallel ranks (engine/tp.py: logical ranks on the sim)
     verify_sync: bool = False  # host waits for the verify to read seq_lens_sum (seed 001: off)
     kv_backup: bool = False    # back decode KV up to a host pool on its own stream (seed 003)
+    zero_bubble: bool = False  # draft the next round after the draft-extend (seed 000)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -73,7 +79,7 @@ class EngineConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
-        for name in ("overlap", "spec", "verify_sync", "kv_backup"):
+        for name in ("overlap", "spec", "verify_sync", "kv_backup", "zero_bubble"):
             need(isinstance(getattr(self, name), bool),
                  f"{name} must be true or false, got {getattr(self, name)!r}")
         need(self.pool_tokens % self.page_size == 0,

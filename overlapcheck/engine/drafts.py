@@ -1,10 +1,14 @@
 """Draft kinds. Each drafter owns its draft-side buffers and enqueues its part of a
-prefill (``launch_prefill``), the draft steps and the draft-extend of one decode
-batch; the worker does the rest. ``standalone`` is a separate draft model with its own
-KV (filled by the prefill next to the target's); ``eagle`` (``drafts_eagle``) is a
-one-layer head on the target's hidden states with its draft input carried through the
-FutureMap; ``mtp`` (``drafts_mtp``) is a frozen-KV MTP draft that reads the target KV
-and has none of its own.
+prefill (``launch_prefill``), the draft steps of one round (``launch_drafts``: at a
+decode's start, or with zero bubble the next round's after the draft-extend; see
+``drafts_round``) and the draft-extend of one decode batch; the worker does the rest.
+``ahead_writes``: the positions from a round's start length at which its draft steps
+write KV (the decode reserve must also cover them when the round is pre-drafted).
+
+``standalone`` is a separate draft model with its own KV (filled by the prefill next to
+the target's); ``eagle`` (``drafts_eagle``) is a one-layer head on the target's hidden
+states with its draft input carried through the FutureMap; ``mtp`` (``drafts_mtp``) is a
+frozen-KV MTP draft that reads the target KV and has none of its own.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class StandaloneDraft:
     def __init__(self, dev, model):
         self.dev, self.model = dev, model
         cfg = dev.cfg
+        self.ahead_writes = cfg.spec_steps          # draft KV at lens .. lens+k-1
         self.kv = dev.rt.empty((cfg.pool_tokens, getattr(model, "draft_kv_width", model.kv_width)),
                                getattr(model, "kv_dtype", torch.int64), "draft_kv", dev.fwd)
         dev.kv_buffers.append(self.kv)
@@ -33,17 +38,19 @@ class StandaloneDraft:
         """Nothing beyond the prefill's own write of the draft KV (``self.kv``)."""
         return []
 
-    def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
-        """k chained draft steps: each writes the previous token's draft KV and drafts one."""
+    def launch_drafts(self, st, meta, table_r, b: int, rnd) -> List[str]:
+        """k chained draft steps of round ``rnd``: each writes the previous token's draft
+        KV and drafts one."""
         dev, rt = self.dev, self.dev.rt
         kv_s = self.kv.rows(st.batch.slots_read)
         names = []
         for j in range(1, dev.cfg.spec_steps + 1):
             rt.launch(dev.fwd, K.draft_step, self.model, self.kv.t, dev.table.t, meta.t,
-                      dev.drafts.t, dev.lens.t, j, b, name=f"draft{j}",
-                      reads=[kv_s, table_r, meta, dev.drafts, dev.lens],
-                      writes=[kv_s, dev.drafts])
-            names.append(f"draft{j}")
+                      rnd.drafts.t, rnd.lens.t, j, b, rnd.gate, rnd.hcol,
+                      name=f"{rnd.prefix}draft{j}",
+                      reads=[kv_s, table_r, meta, rnd.drafts, rnd.lens],
+                      writes=[kv_s, rnd.drafts])
+            names.append(f"{rnd.prefix}draft{j}")
         return names
 
     def launch_extend(self, st, meta, table_r, b: int) -> List[str]:

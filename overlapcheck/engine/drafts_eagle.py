@@ -28,7 +28,8 @@ from typing import List
 import torch
 
 from ..faults import FaultSet
-from .kernels import LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED, START
+from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED,
+                      START, gate_mask, round_tokens)
 
 
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b):
@@ -48,21 +49,23 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     fm_hid[mrows] = torch.where(last.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[mrows])
 
 
-def eagle_resolve(fm_draft, fm_hid, meta, drafts, hid, b):
+def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None):
     """Draft step 1: the first draft token and the hidden state, from the FutureMap."""
-    rows = meta[:b, ROW]
-    drafts[:b, 1] = fm_draft[rows]
+    m = meta[:b]
+    rows = m[:, ROW]
+    drafts[:b, 1] = round_tokens(model, m, lens[:b], fm_draft[rows], drafts[:b, 1], gate, hcol)
     hid[:b] = fm_hid[rows]
 
 
-def eagle_step(head, ekv, table, meta, drafts, lens, hid, j, b):
+def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
     """Draft step ``j`` (2..k): the pair (``drafts[j-1]``, chained hidden) at position
     ``lens + j - 2``, then the head's output there drafts token ``j``."""
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 2)
-    head.write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID])
+    head.write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID],
+               keep=gate_mask(m, gate))
     g, d = head.out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1)
-    drafts[:b, j] = d
+    drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
     hid[:b] = g.to(hid.dtype)
 
 
@@ -98,6 +101,7 @@ class EagleDraft:
         self.dev, self.model, self.head = dev, model, model.head("eagle")
         self.faults = FaultSet(dev.cfg.faults)
         cfg, rt, rows = dev.cfg, dev.rt, dev.cfg.max_running
+        self.ahead_writes = cfg.spec_steps - 1      # EAGLE KV at lens .. lens+k-2
         hw, hd = model.hidden_width, model.hidden_dtype
         self.ekv = rt.empty((cfg.pool_tokens, self.head.kv_width), self.head.kv_dtype,
                             "eagle_kv", dev.fwd)
@@ -122,19 +126,21 @@ class EagleDraft:
                   writes=[self.ekv.rows(slots)] + self._fm(st.rows))
         return ["eagle_prefill"]
 
-    def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
-        dev, rt = self.dev, self.dev.rt
+    def launch_drafts(self, st, meta, table_r, b: int, rnd) -> List[str]:
+        dev, rt, pre = self.dev, self.dev.rt, rnd.prefix
         ekv_s = self.ekv.rows(st.batch.slots_read)
-        rt.launch(dev.fwd, eagle_resolve, self.fm_draft.t, self.fm_hid.t, meta.t, dev.drafts.t,
-                  self.hid.t, b, name="draft1", reads=self._fm(st.rows) + [meta],
-                  writes=[dev.drafts, self.hid])
-        names = ["draft1"]
+        rt.launch(dev.fwd, eagle_resolve, self.model, self.fm_draft.t, self.fm_hid.t, meta.t,
+                  rnd.drafts.t, rnd.lens.t, self.hid.t, b, rnd.gate, rnd.hcol,
+                  name=f"{pre}draft1", reads=self._fm(st.rows) + [meta, rnd.drafts, rnd.lens],
+                  writes=[rnd.drafts, self.hid])
+        names = [f"{pre}draft1"]
         for j in range(2, dev.cfg.spec_steps + 1):
-            rt.launch(dev.fwd, eagle_step, self.head, self.ekv.t, dev.table.t, meta.t,
-                      dev.drafts.t, dev.lens.t, self.hid.t, j, b, name=f"draft{j}",
-                      reads=[ekv_s, table_r, meta, dev.drafts, dev.lens, self.hid],
-                      writes=[ekv_s, dev.drafts, self.hid])
-            names.append(f"draft{j}")
+            rt.launch(dev.fwd, eagle_step, self.model, self.head, self.ekv.t, dev.table.t,
+                      meta.t, rnd.drafts.t, rnd.lens.t, self.hid.t, j, b, rnd.gate, rnd.hcol,
+                      name=f"{pre}draft{j}",
+                      reads=[ekv_s, table_r, meta, rnd.drafts, rnd.lens, self.hid],
+                      writes=[ekv_s, rnd.drafts, self.hid])
+            names.append(f"{pre}draft{j}")
         return names
 
     def launch_extend(self, st, meta, table_r, b: int) -> List[str]:

@@ -28,7 +28,7 @@ from typing import List
 import torch
 
 from ..faults import FaultSet
-from .kernels import LAST, N, ROW, SEED, SEEDED, START
+from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens
 
 
 def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
@@ -39,7 +39,8 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
     fm_hid[rows] = torch.where(last.unsqueeze(1), h, fm_hid[rows])
 
 
-def mtp_step(head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0):
+def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
+             gate=None, hcol=None):
     """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``,
     attending to the target KV of positions ``0..lens-1+frozen`` (``frozen`` is 0 but
     under the fault ``mtp-draft-reads-unfrozen-kv``)."""
@@ -48,7 +49,7 @@ def mtp_step(head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0):
     feats = fm_hid[rows] if j == 1 else hid[:b]
     g, d = head.step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
                      feats, m[:, SEED], m[:, SEEDED] == 1)
-    drafts[:b, j] = d
+    drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
     hid[:b] = g.to(hid.dtype)
 
 
@@ -67,6 +68,7 @@ class MTPDraft:
     def __init__(self, dev, model):
         self.dev, self.model, self.head = dev, model, model.head("mtp")
         self.faults = FaultSet(dev.cfg.faults)
+        self.ahead_writes = 0      # no draft KV: a pre-drafted round needs no reserve
         rt, rows = dev.rt, dev.cfg.max_running
         hw, hd = model.hidden_width, model.hidden_dtype
         self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
@@ -82,7 +84,7 @@ class MTPDraft:
                          fm], writes=[fm])
         return ["mtp_seed"]
 
-    def launch_drafts(self, st, meta, table_r, b: int) -> List[str]:
+    def launch_drafts(self, st, meta, table_r, b: int, rnd) -> List[str]:
         dev, rt = self.dev, self.dev.rt
         kv_s = dev.target_kv.rows(st.batch.slots_read)
         names = []
@@ -93,11 +95,12 @@ class MTPDraft:
             # hold a rejected draft's KV (the verify below overwrites it) or a recycled
             # owner's
             frozen = j - 1 if unfrozen else 0
-            rt.launch(dev.fwd, mtp_step, self.head, dev.target_kv.t, dev.table.t, meta.t,
-                      dev.drafts.t, dev.lens.t, self.fm_hid.t, self.hid.t, j, b, frozen,
-                      name=f"draft{j}", reads=[kv_s, table_r, meta, dev.drafts, dev.lens, src],
-                      writes=[dev.drafts, self.hid])
-            names.append(f"draft{j}")
+            rt.launch(dev.fwd, mtp_step, self.model, self.head, dev.target_kv.t, dev.table.t,
+                      meta.t, rnd.drafts.t, rnd.lens.t, self.fm_hid.t, self.hid.t, j, b, frozen,
+                      rnd.gate, rnd.hcol, name=f"{rnd.prefix}draft{j}",
+                      reads=[kv_s, table_r, meta, rnd.drafts, rnd.lens, src],
+                      writes=[rnd.drafts, self.hid])
+            names.append(f"{rnd.prefix}draft{j}")
         return names
 
     def launch_extend(self, st, meta, table_r, b: int) -> List[str]:

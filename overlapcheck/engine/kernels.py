@@ -4,15 +4,24 @@ as an argument (bound at launch) and communicates only through buffers; Python i
 
 Staged metadata, one row per batch entry (``META`` columns), is copied from pinned
 host memory on the schedule stream. Decode state lives in the FutureMap
-(``fm_tok[row]``: the next input token, ``fm_len[row]``: the committed length).
+(``fm_tok[row]``: the next input token, ``fm_len[row]``: the committed length; with
+zero bubble ``fm_drafts[row]``: the pre-drafted round's k draft tokens).
+
+Draft kernels take the round they draft (``drafts``, ``lens``: the round's scratch and
+start lengths) and two optional meta columns: ``gate``, the entries the round drafts for
+(None: all), and ``hcol``, the host's sequence lengths of the round for a model that reads
+them (None: it does not); see ``drafts_round``.
 """
 from __future__ import annotations
 
 import torch
 
-# meta columns
+# meta columns (LSUM: the host's seq_lens_sum of the batch with verify_sync, else 0)
 ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT, LSUM = range(10)
-META = 10   # LSUM: the host's seq_lens_sum of the batch (verify_sync), else 0
+# draft rounds (drafts_round): draft at the step's start / pre-draft the next round (0/1);
+# the host's sequence lengths (seq_lens_cpu) of this round and of the pre-drafted one
+NOW, AHEAD, HLEN, HNEXT = range(10, 14)
+META = 14
 # prefill token staging columns: row, position, token, request id
 P_ROW, P_POS, P_TOK, P_RID = range(4)
 
@@ -81,12 +90,48 @@ def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
     host_kv[dst] = kv[src]
 
 
-def draft_step(model, draft_kv, table, meta, drafts, lens, j, b):
+def gate_mask(m, gate):
+    """The entries a gated round drafts for (None: all)."""
+    return None if gate is None else m[:, gate] == 1
+
+
+def round_tokens(model, m, lens, new, old, gate, hcol):
+    """A draft step's tokens: cut by the host's lengths (column ``hcol``) for a model
+    that reads them; entries outside the round (``gate``) keep ``old``."""
+    if hcol is not None:
+        new = model.host_lens_cut(new, lens, m[:, hcol])
+    return new if gate is None else torch.where(m[:, gate] == 1, new, old)
+
+
+def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol=None):
     """Draft step ``j`` (1..k): write the previous token's draft KV, draft token j."""
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 1)
-    model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID])
-    drafts[:b, j] = model.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+    model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID],
+                         keep=gate_mask(m, gate))
+    d = model.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
+
+
+def restore(fm_drafts, meta, drafts, k, b):
+    """Zero bubble: the drafts of entries with a pre-drafted round, from the FutureMap."""
+    m = meta[:b]
+    pre = (m[:, NOW] == 0).unsqueeze(1)
+    drafts[:b, 1:k + 1] = torch.where(pre, fm_drafts[m[:, ROW]], drafts[:b, 1:k + 1])
+
+
+def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
+    """Zero bubble, after the draft-extend: the next round's input (the bonus token) and
+    start length; 0 for entries that do not pre-draft (their positions stay in the row)."""
+    m, acc = meta[:b], out_acc[:b]
+    next_drafts[:b, 0] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
+    next_lens[:b] = torch.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
+
+
+def ahead_stash(fm_drafts, meta, next_drafts, k, b):
+    """Zero bubble: stash the pre-drafted round's k drafts at the request's FutureMap row."""
+    rows, ahead = meta[:b, ROW], (meta[:b, AHEAD] == 1).unsqueeze(1)
+    fm_drafts[rows] = torch.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[rows])
 
 
 def verify(model, kv, table, meta, drafts, lens, tgt, width, b):

@@ -24,6 +24,9 @@ class Scheduler:
         self.admitted: List[int] = []     # prefilling or running, in admission order
         self.retractions = 0
         self.faults = FaultSet(cfg.faults)
+        # zero bubble: a pre-drafted round's draft KV (none for frozen-KV MTP)
+        zb = cfg.zero_bubble and cfg.spec and cfg.draft_kind != "mtp"
+        self._ahead = cfg.step_tokens if zb else 0
 
     # -- queues ---------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -46,7 +49,9 @@ class Scheduler:
     def reserve_tokens(self, req: Request) -> int:
         """Positions ``req`` must hold before its next decode: the device's committed
         length is at most ``committed + step * unprocessed``; the decode writes ``step``
-        more."""
+        more, and with zero bubble its pre-draft of the next round writes draft KV one
+        step further (``drafts_round``; clamped at the row end, where the next round is
+        drafted at its own start instead)."""
         step = self.cfg.step_tokens
         if self.faults.on("reserve-past-row"):         # covers the lagged batch, unclamped
             return req.committed + step * (2 + req.unprocessed_decodes)
@@ -55,7 +60,7 @@ class Scheduler:
             need = req.committed + 2 * step
         else:
             need = req.committed + step * (1 + req.unprocessed_decodes)
-        return min(need, self.cfg.row_width)
+        return min(need + self._ahead, self.cfg.row_width)
 
     def _decodable(self) -> List[Request]:
         reqs = (self.requests[rid] for rid in self.admitted)

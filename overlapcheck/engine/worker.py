@@ -5,9 +5,10 @@ One batch, as DESIGN §4.1 lays it out, with no host sync inside:
 * schedule stream: WAR barrier (wait until the previous forward finished reading the
   request->token table), non-blocking H2D of the staged metadata from pinned memory
   into fresh index buffers, request->token cell writes;
-* forward stream: waits for the schedule stream; prefill, or resolve -> draft k ->
-  verify -> accept -> draft-extend -> stash (the FutureMap); index buffers made on the
-  schedule stream are pledged to it with ``record_stream``;
+* forward stream: waits for the schedule stream; prefill, or resolve -> draft k (or,
+  zero bubble, restore the round pre-drafted by the previous decode) -> verify -> accept
+  -> draft-extend (-> draft the next round) -> stash (the FutureMap); index buffers made
+  on the schedule stream are pledged to it with ``record_stream``;
 * copy stream: waits for the forward stream; non-blocking D2H of output tokens and
   accept lengths into pinned buffers; a copy-done event.
 
@@ -26,6 +27,7 @@ from . import kernels as K
 from .buffers import DeviceState
 from ..faults import FaultSet
 from .drafts import make_drafter
+from .drafts_round import DraftRounds
 from .types import PREFILL, SEEDED, Batch
 
 
@@ -36,6 +38,7 @@ class SpecWorker:
         self.k = cfg.spec_steps
         self.spec = cfg.spec
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
+        self.rounds = DraftRounds(dev, model, self.drafter, requests) if cfg.spec else None
         self.declared_syncs = 0
         self.faults = FaultSet(cfg.faults)
         self.backup = cfg.kv_backup
@@ -70,11 +73,12 @@ class SpecWorker:
         meta = torch.zeros(dev.meta_pin[p].t.shape, dtype=torch.int64)
         ptok = torch.zeros(dev.ptok_pin[p].t.shape, dtype=torch.int64)
         n_tok = 0
+        rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * len(meta)
         for i, e in enumerate(batch.entries):
             spec = self.requests[e.rid].spec
             meta[i] = torch.tensor([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED),
                                     e.start, e.n, int(e.sample), int(e.last),
-                                    e.next_token, lsum])
+                                    e.next_token, lsum] + rounds[i])
             for j, tok in enumerate(e.tokens):
                 ptok[n_tok] = torch.tensor([e.row, e.start + j, tok, e.rid])
                 n_tok += 1
@@ -215,7 +219,7 @@ class SpecWorker:
             ops += ["decode"] + self._canary(st, meta, False)
             dev.war.record(dev.fwd)
         else:
-            ops += self.drafter.launch_drafts(st, meta, table_r, b)
+            ops += self.rounds.launch_start(st, meta, table_r, b)
             rt.launch(dev.fwd, K.verify, self.model, dev.target_kv.t, dev.table.t, meta.t,
                       dev.drafts.t, dev.lens.t, dev.tgt.t, k + 1, b, name="verify",
                       reads=[kv_s, table_r, meta, dev.drafts, dev.lens],
@@ -229,6 +233,7 @@ class SpecWorker:
             if early:                                           # fault: before the last reads
                 dev.war.record(dev.fwd)
             ops += ["verify", "accept"] + self.drafter.launch_extend(st, meta, table_r, b)
+            ops += self.rounds.launch_ahead(st, meta, table_r, b)   # zero bubble
             ops += self._canary(st, meta, False)
             if not early:
                 dev.war.record(dev.fwd)
