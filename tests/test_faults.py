@@ -85,6 +85,7 @@ SILENT = {
     "mtp-draft-reads-unfrozen-kv": {"draft_kind": "mtp", "spec_steps": 1},
     "eagle-stash-batch-position": {"draft_kind": "eagle", "max_running": 1},
     "rank-local-overlap": {"tp": 1},
+    "seq-lens-cpu-stale": {"zero_bubble": True},     # the oracle's draft reads no host lengths
 }
 
 

@@ -3,7 +3,7 @@ draft-extend and the next decode restores those drafts. Tokens and accept length
 the standard schedule's for every draft kind and schedule, the run is clean under every
 checker, it costs no host sync, and the pre-drafted round's KV is reserved. A draft that
 reads the host's sequence lengths keeps parity while they are refreshed for the
-pre-drafted round."""
+pre-drafted round; fault 14 (not refreshed) is caught by parity."""
 import dataclasses
 
 import pytest
@@ -26,6 +26,7 @@ SCHEDULES = (ScheduleSpec("random", 3), ScheduleSpec("pct", 5), ScheduleSpec("bu
              ScheduleSpec("stalls", 0, (("copy", 0, LAG),)),
              ScheduleSpec("stalls", 0, (("schedule", 0, LAG),)),
              ScheduleSpec("stalls", 0, (("forward", 5, 400), ("copy", 50, 900))))
+STALE = "seq-lens-cpu-stale"
 
 
 def standard(cfg):
@@ -169,6 +170,31 @@ def test_host_lengths_model_keeps_parity_when_they_are_refreshed(kind):
                 out = run_case(Case(cfg, wl, SCHEDULES[3]))
                 assert not out.findings, f"{kind} {zb} {overlap}: {out.findings[0].text}"
                 assert_parity(ref, out.result, f"{kind} seed {seed} zb {zb} overlap {overlap}")
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_stale_host_lengths_are_caught_by_parity(kind):
+    cfg = dataclasses.replace(BASE, draft_kind=kind, model="oracle-hostlens")
+    caught = 0
+    for seed in range(3):
+        wl = generate(seed, 6, cfg, max_prompt=10, max_new=20)
+        for sched in (SCHEDULES[0], SCHEDULES[3]):
+            out = run_case(Case(cfg, wl, sched, faults=(STALE,)))
+            assert all(f.checker == "parity" and "accept length" in f.text
+                       for f in out.findings), out.findings[0].text
+            caught += bool(out.findings)
+    assert caught >= 5, caught
+
+
+@pytest.mark.parametrize("change", [{"zero_bubble": False}, {"model": "oracle"},
+                                    {"spec": False}])
+def test_stale_host_lengths_are_silent_without_their_trigger(change):
+    cfg = dataclasses.replace(BASE, **{"model": "oracle-hostlens", **change})
+    for seed in range(3):
+        wl = generate(seed, 6, cfg, max_prompt=10, max_new=20)
+        for sched in (SCHEDULES[0], SCHEDULES[3]):
+            out = run_case(Case(cfg, wl, sched, faults=(STALE,)))
+            assert not out.findings, f"{change} seed {seed}: {out.findings[0].text}"
 
 
 def test_cli_run_zero_bubble(capsys):

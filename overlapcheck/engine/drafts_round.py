@@ -26,7 +26,7 @@ that pre-drafts for it is in flight, as for every in-flight write.
 Host lengths (a model with ``reads_host_lens``): each draft round reads the host's
 ``seq_lens_cpu`` of the round it drafts (``HLEN``: the upper bound committed + (k+1) per
 unprocessed decode). The pre-drafted round gets its own, refreshed bound (``HNEXT``: one
-round more).
+round more); the bug-zoo fault ``seq-lens-cpu-stale`` stages the current round's instead.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import List, Set
 import torch
 
 from . import kernels as K
+from ..faults import FaultSet
 from .types import PREFILL, Batch
 
 
@@ -58,6 +59,7 @@ class DraftRounds:
         self.on = cfg.spec and cfg.zero_bubble
         self.k, self.step, self.ps = cfg.spec_steps, cfg.step_tokens, cfg.page_size
         self.host_lens = bool(getattr(model, "reads_host_lens", False))
+        self.stale = FaultSet(cfg.faults).on("seq-lens-cpu-stale")
         self.predrafted: Set[int] = set()      # requests whose next round is in the FutureMap
         self._now: List[int] = []              # this launch's NOW and AHEAD columns
         self._ahead: List[int] = []
@@ -94,7 +96,8 @@ class DraftRounds:
             self.predrafted.add(r.rid)
         else:
             self.predrafted.discard(r.rid)
-        return [now, int(ahead), hlen, hlen + self.step]
+        hnext = hlen if self.stale else hlen + self.step   # fault: not refreshed for it
+        return [now, int(ahead), hlen, hnext]
 
     # -- device ----------------------------------------------------------------------------
     def launch_start(self, st, meta, table_r, b: int) -> List[str]:

@@ -121,6 +121,15 @@ _ENTRIES = (
           "computed from values still in flight",
           "stream-race", "overlap, spec, verify_sync off, a request decoding in consecutive "
           "batches"),
+    Fault("seq-lens-cpu-stale", 14, "engine/drafts_round.py DraftRounds._entry",
+          "with zero bubble, the next round is drafted right after the draft-extend, but the "
+          "host's sequence lengths staged for it are not refreshed: the pre-drafted round "
+          "sees the current round's seq_lens_cpu, below the device's lengths, and a draft "
+          "that reads them drafts other tokens",
+          "SGLang PR #21895 zero bubble: seq_lens_cpu not refreshed during drafting; accept "
+          "length changes for models that read it",
+          "parity", "zero_bubble on, spec, a model that reads the host's sequence lengths "
+          "(oracle-hostlens), a request decoding at least two rounds"),
     Fault("backup-not-waited", 15, "engine/worker.py SpecWorker.launch",
           "the next forward does not wait for the pending KV backup: its resolve rewrites "
           "the committed lengths (and its verify the KV) the backup stream is still "

@@ -62,10 +62,21 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds))),
-        model=draw(st.sampled_from(tuple(models))),
+        model=draw(_model(models)),
         # the seeds' variants, each in a quarter of the examples
         verify_sync=draw(st.sampled_from((False, False, False, True))),
-        kv_backup=draw(st.sampled_from((False, False, False, True))))
+        kv_backup=draw(st.sampled_from((False, False, False, True))),
+        zero_bubble=draw(st.sampled_from((False, False, False, True))))
+
+
+@st.composite
+def _model(draw, models: Sequence[str]) -> str:
+    """One of ``models``; the oracle is, in a quarter of its examples, the oracle whose
+    draft reads the host's sequence lengths (as cheap, and sensitive to stale ones)."""
+    model = draw(st.sampled_from(tuple(models)))
+    if model == "oracle" and draw(st.sampled_from((False, False, False, True))):
+        return "oracle-hostlens"
+    return model
 
 
 @st.composite
