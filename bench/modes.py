@@ -66,10 +66,9 @@ def sweep_case(seed: int, model_name: str = "oracle"):
     return cfg, generate(seed, rng.randint(6, 12), cfg, max_prompt=16, max_new=24)
 
 
-def compare(base, got, accept=True):
-    """None when ``got`` has the standard run's tokens, finish reasons and (``accept``)
-    accept lengths per request (an aborted request: the common prefix), else what
-    differs first."""
+def compare(base, got):
+    """None when ``got`` has the standard run's tokens, finish reasons and accept lengths
+    per request (an aborted request: the common prefix), else what differs first."""
     if base is None or got is None:
         return "no result to compare"
     for rid, a in sorted(base.requests.items()):
@@ -83,7 +82,7 @@ def compare(base, got, accept=True):
             continue
         if (a.tokens, a.finish_reason) != (b.tokens, b.finish_reason):
             return f"request {rid}: {a.finish_reason} {list(a.tokens)} vs {b.finish_reason} {list(b.tokens)}"
-        if accept and a.accept_lens != b.accept_lens:
+        if a.accept_lens != b.accept_lens:
             return f"request {rid}: accept lengths {list(a.accept_lens)} vs {list(b.accept_lens)}"
     return None
 
@@ -126,7 +125,7 @@ def sweep_one(seed, device="sim", modes=None, model_name="oracle", same_device_r
            "config": {k: getattr(cfg0, k) for k in ("page_size", "pool_tokens", "spec_steps",
                                                     "draft_kind", "max_running", "chunk_size")}}
     rec["config"]["pool"] = "roomy" if cfg0.pool_tokens >= 512 else "tight"
-    base, accept = None, not getattr(model(model_name), "reads_host_lens", False)
+    base = None
     for name, kw in modes.items():
         try:
             cfg = dataclasses.replace(cfg0, **kw)
@@ -138,7 +137,7 @@ def sweep_one(seed, device="sim", modes=None, model_name="oracle", same_device_r
         if name == "standard":
             base = res
         rec["modes"][name] = {"findings": found[:3], "steps": steps, "seconds": time.perf_counter() - t,
-                              "mismatch": None if name == "standard" else compare(base, res, accept),
+                              "mismatch": None if name == "standard" else compare(base, res),
                               "retractions": res.summary.retractions if res else 0,
                               "aborts": res.summary.aborts if res else 0}
     return rec
@@ -220,7 +219,7 @@ def main() -> None:
     ap.add_argument("--modes", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="sweep processes (sim; cuda uses one)")
     ap.add_argument("--sweep-model", default="oracle", help="sim sweep: model (oracle: host-length "
-                    "reading off; a model whose drafts read host lengths: accept lengths not compared)")
+                    "reading off; oracle-hostlens: drafts read the host's sequence lengths)")
     ap.add_argument("--cuda-seconds", type=float, default=100.0, help="time box of the cuda sweep")
     ap.add_argument("--figure-requests", type=int, default=48, help="sim figures: workload size")
     ap.add_argument("--model", default="trained", help="cuda figures: model")
