@@ -79,12 +79,17 @@ class CheckedRun:
 
 
 def reference_run(cfg: EngineConfig, workload, model=None) -> RunResult:
-    """The parity reference: the same workload, non-overlap, one rank, eager sim,
-    detector off."""
+    """The parity reference: the same workload and model on the standard schedule —
+    non-overlap, one rank, none of the seed variants (zero-bubble, verify sync, KV
+    backup), no fault — on the eager sim with the detector off. A variant or a fault
+    that changes tokens or accept lengths, even without overlap, shows as a parity
+    finding."""
     from fake_models import make_model
     rt = make_runtime("sim", seed=0, strategy="eager", detect=False)
     model = model if model is not None else make_model(cfg.model)
-    return Engine(dataclasses.replace(cfg, overlap=False, tp=1), rt, model).run(workload)
+    std = dataclasses.replace(cfg, overlap=False, tp=1, zero_bubble=False, verify_sync=False,
+                              kv_backup=False, faults=())
+    return Engine(std, rt, model).run(workload)
 
 
 def run_checked(cfg: EngineConfig, workload, checks: Sequence[str] = (), seed: int = 0,
