@@ -67,7 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--no-sanitizer", action="store_true", help="skip the memcheck pass")
     p.add_argument("--sanitizer-examples", type=int, default=3,
                    help="fuzz examples under memcheck (default 3)")
-    p.add_argument("--sanitizer-model", default="trained", help="model under memcheck (default trained)")
+    p.add_argument("--sanitizer-model", default="oracle",
+                   help="model under memcheck (default oracle: the trained pair's thousands of "
+                        "tiny kernels per step outrun the pass's time box under memcheck)")
     p.add_argument("--sanitizer-seconds", type=float, default=300.0,
                    help="time box of the memcheck pass (default 300; at most 35%% of --minutes "
                         "unless that is under 60 s)")
