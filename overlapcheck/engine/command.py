@@ -142,6 +142,10 @@ def run(args) -> int:
                           access=args.access)
     except RuntimeError as e:
         raise UsageError(str(e)) from None
+    if args.device == "sim":
+        # thousands of tiny CPU ops per step: intra-op threads only add contention
+        import torch
+        torch.set_num_threads(1)
     info = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
             "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
     try:
