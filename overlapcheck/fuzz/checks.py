@@ -31,12 +31,26 @@ class CheckSession:
         from invariants.drive import Halt
         from overlapcheck.engine import events as E
         self._last_step = ev.iteration
-        for c in self.checkers:
-            found = c.feed(ev)
+        for c in list(self.checkers):
+            try:
+                found = c.feed(ev)
+            except Exception as e:  # noqa: BLE001 - a checker bug, reported as such
+                self._crashed(c, ev, e)
+                continue
             for v in found:
                 self._violation(v)
             if found and c.fatal and not isinstance(ev, E.Stalled):
                 raise Halt(found[0])
+
+    def _crashed(self, checker, ev, exc: Exception) -> None:
+        """A checker raised on an event (values read too early can be anything): that
+        is a finding of its own, naming the checker; the run goes on without it."""
+        from .execute import Finding
+        self.checkers.remove(checker)
+        kind = type(ev).__name__
+        self.add(Finding(checker.name, ("checker-crashed", kind, type(exc).__name__),
+                         ev.iteration, f"[{checker.name}] step {ev.iteration}: the checker "
+                         f"crashed on event {kind}: {type(exc).__name__}: {exc}"))
 
     def stuck(self, step: int, message: str) -> None:
         """The engine stopped on its own bound or a wait that can never complete. The
