@@ -3,6 +3,20 @@ markers and Hypothesis profiles; this makes it active when the package is used f
 a source checkout without installing, too."""
 import importlib.metadata
 
+import pytest
+
 _installed = any(ep.value == "overlapcheck.pytest_plugin"
                  for ep in importlib.metadata.entry_points(group="pytest11"))
 pytest_plugins = [] if _installed else ["overlapcheck.pytest_plugin"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op CPU thread for a module: the small ops of the models cost ~20x more
+    on 2 threads here, and the models don't need them. Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

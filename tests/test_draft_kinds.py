@@ -7,7 +7,6 @@ previous step stashed, MTP reads the target KV slots of its request and owns no 
 import dataclasses
 
 import pytest
-import torch
 
 from overlapcheck.engine import EngineConfig, generate
 
@@ -17,13 +16,7 @@ STRATEGIES = ("random", "pct", "buggify", "eager")
 KINDS = ("standalone", "eagle", "mtp")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small ops on 2 threads cost ~20x here; the models don't need them."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(seed, kind, model, **kw):

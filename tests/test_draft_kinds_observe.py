@@ -13,7 +13,6 @@ import dataclasses
 import re
 
 import pytest
-import torch
 
 from fake_models import make_model
 from overlapcheck import seeds
@@ -26,12 +25,7 @@ WL = Workload((RequestSpec(0, 0, (5, 9, 2, 7, 1, 3), 24),
                RequestSpec(1, 0, (8, 8, 4, 6, 2, 9, 11, 30, 12), 24)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Recording(SimRuntime):

@@ -13,12 +13,7 @@ from overlapcheck.device import DuplicateWriteError, make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _old(shape, dtype, seed):

@@ -17,12 +17,7 @@ from engine_checks import check_parity_and_lossless
 from hf_fixtures import Paged, reference_logits, write_dir
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("size", ["tiny-qwen3", "tiny-llama"])

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from fake_models import make_model
 from fake_models.accept_report import figures
@@ -21,12 +20,7 @@ need_weights = pytest.mark.skipif(not HAVE, reason=f"no committed trained pair i
                                   "(python -m fake_models.train_pair --out it on a GPU machine)")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_train_smoke_writes_loadable_pair(tmp_path, capsys):
