@@ -36,9 +36,12 @@ __all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
 
 
 def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: bool = True,
-                 access: str = "infer", on_race: str = "collect") -> "Runtime":
+                 access: str = "infer", on_race: str = "collect", graphs: bool = False) -> "Runtime":
     """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
-    (sim only); its randomness is the ``schedule`` sub-stream of ``seed``."""
+    (sim only); its randomness is the ``schedule`` sub-stream of ``seed``. ``graphs``
+    (cuda, detector off): the engine's model calls replay from CUDA graphs."""
+    if graphs and device != "cuda":
+        raise ValueError(f"CUDA graphs need the cuda device, not {device!r}")
     if device == "sim":
         from .sim import SimRuntime
         if isinstance(strategy, str):
@@ -46,5 +49,5 @@ def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: 
         return SimRuntime(strategy, detect=detect, access=access, on_race=on_race)
     if device == "cuda":
         from .cuda import CudaRuntime
-        return CudaRuntime(detect=detect, access=access, on_race=on_race)
+        return CudaRuntime(detect=detect, access=access, on_race=on_race, graphs=graphs)
     raise ValueError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")

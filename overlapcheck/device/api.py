@@ -125,6 +125,7 @@ class Runtime:
 
     backend = "?"
     exact_rows = False  # can inference see index values (sim: yes)
+    graphs = False      # model calls replay from CUDA graphs (cuda, detector off)
 
     def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect"):
         if access not in ACCESS_MODES:
@@ -295,6 +296,11 @@ class Runtime:
         if self.det is not None:
             op = OpInfo(name, user_frame(3))
             self._raise_on(self.det.access(0, buf.mem, write, rows, op))
+
+    def graph_cache(self):
+        """A ``device.graphs.GraphCache`` over the device buffers that exist now (the
+        engine's long-lived ones); only where ``graphs`` is on."""
+        raise RuntimeError(f"the {self.backend} runtime has no CUDA graphs")
 
     # -- backend hooks -----------------------------------------------------------------
     def _raw_stream(self, name):

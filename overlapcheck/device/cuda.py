@@ -28,10 +28,15 @@ class CudaRuntime(Runtime):
     backend = "cuda"
     exact_rows = False
 
-    def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect"):
+    def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect",
+                 graphs: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("the cuda device needs a CUDA GPU and a CUDA build of torch")
+        if graphs and detect:
+            raise ValueError("CUDA graphs hide their kernels' accesses from the race "
+                             "detector: turn the detector off to use them")
         super().__init__(detect=detect, access=access, on_race=on_race)
+        self.graphs = graphs
         self._mem = 0
         self._freed: Dict[int, object] = {}  # data_ptr of a freed block -> its memory id
 
@@ -109,6 +114,13 @@ class CudaRuntime(Runtime):
         if buf.space == DEVICE:
             self._freed[buf.t.untyped_storage().data_ptr()] = buf.mem
         buf.t = None  # the caching allocator may now reuse the block
+
+    def graph_cache(self):
+        if not self.graphs:
+            return super().graph_cache()
+        from .graphs import GraphCache
+        return GraphCache([b.t for b in self._by_storage.values()
+                           if b.space == DEVICE and not b.freed])
 
     def _raw_record_stream(self, buf, stream):
         if buf.space == DEVICE:

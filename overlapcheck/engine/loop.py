@@ -18,6 +18,7 @@ from . import events as E
 from .accounting import Memory
 from .buffers import DeviceState
 from .config import EngineConfig
+from .graphs import GraphedModel
 from .results import RequestResult, RunResult, summarize
 from .scheduler import Scheduler
 from .types import (ABORT, ABORTED, DECODE, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
@@ -38,10 +39,14 @@ class Engine:
         self.cfg, self.rt, self.observer, self.strict = cfg, rt, observer, strict
         self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
+        if rt.graphs:   # cuda graphs: model calls replay once every long-lived buffer exists
+            model = GraphedModel(model)
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
         self.mem = Memory(cfg, self.dev, self._emit)
         self.sched = Scheduler(cfg, self.mem, self.requests, self._emit)
         self.worker = SpecWorker(self.dev, model, self.requests)
+        if rt.graphs:
+            model.arm(rt.graph_cache())
         self.inflight: Deque[Batch] = deque()
         self.iteration = 0
         self.batches = 0
