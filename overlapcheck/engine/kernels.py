@@ -27,13 +27,20 @@ P_ROW, P_POS, P_TOK, P_RID = range(4)
 
 
 def write_table(table, cells, n):
-    """Schedule stream: ``table[row, pos] = slot`` for the first ``n`` staged cells."""
+    """Schedule stream: ``table[row, pos] = slot`` for the first ``n`` staged cells.
+    A row-major offset, as a device kernel computes it: no bound check per row (a cell
+    past its row lands in the next one). Cells past the table's end are not staged
+    (``table_cells``): filtering them here would sync the host on their count."""
     c = cells[:n]
-    # a row-major offset, as a device kernel computes it: no bound check per row, and
-    # a cell past the table's end is lost (on a GPU it lands in whatever follows)
     w = table.shape[1]
-    c = c[c[:, 0] * w + c[:, 1] < table.numel()]
     table[c[:, 0] + c[:, 1] // w, c[:, 1] % w] = c[:, 2]
+
+
+def table_cells(cells, shape):
+    """The staged cells of ``write_table``: those inside the table (row-major), in order.
+    One past the end is lost, as on a GPU, where it lands in whatever follows."""
+    rows, w = shape
+    return [c for c in cells if c[0] * w + c[1] < rows * w]
 
 
 def prefill_write(model, kv, draft_kv, table, ptok, n):

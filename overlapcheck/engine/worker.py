@@ -83,17 +83,20 @@ class SpecWorker:
                 ptok[n_tok] = torch.tensor([e.row, e.start + j, tok, e.rid])
                 n_tok += 1
         cells = torch.zeros(dev.cells_pin[p].t.shape, dtype=torch.int64)
-        if batch.cells:
-            cells[:len(batch.cells)] = torch.tensor(batch.cells, dtype=torch.int64)
+        staged = K.table_cells(batch.cells, dev.table.t.shape)
+        if staged:
+            cells[:len(staged)] = torch.tensor(staged, dtype=torch.int64)
         rt.host_write(dev.meta_pin[p], meta)
         rt.host_write(dev.cells_pin[p], cells)
         if batch.kind == PREFILL:
             rt.host_write(dev.ptok_pin[p], ptok)
         if self.backup and batch.host_cells:
             hcells = torch.zeros(dev.hcells_pin[p].t.shape, dtype=torch.int64)
-            hcells[:len(batch.host_cells)] = torch.tensor(batch.host_cells, dtype=torch.int64)
+            host = K.table_cells(batch.host_cells, dev.host_table.t.shape)
+            if host:
+                hcells[:len(host)] = torch.tensor(host, dtype=torch.int64)
             rt.host_write(dev.hcells_pin[p], hcells)
-        return len(batch.cells), n_tok
+        return len(staged), n_tok
 
     # -- launch ------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> List[str]:
@@ -152,7 +155,8 @@ class SpecWorker:
     def _write_host_table(self, batch: Batch, sp: int):
         dev, rt = self.dev, self.dev.rt
         hcells = dev.h2d(dev.hcells_pin[sp], "host_cells")
-        rt.launch(dev.sched, K.write_table, dev.host_table.t, hcells.t, len(batch.host_cells),
+        n = len(K.table_cells(batch.host_cells, dev.host_table.t.shape))
+        rt.launch(dev.sched, K.write_table, dev.host_table.t, hcells.t, n,
                   name="write_host_table", reads=[hcells],
                   writes=[dev.host_table.rows({r for r, _, _ in batch.host_cells})])
         return hcells
