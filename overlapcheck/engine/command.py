@@ -52,6 +52,9 @@ def register(subparsers) -> None:
                         "NCCL on cuda) and compare their decisions each step")
     p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
                    help="with --dist: seconds before a collective or the run gives up")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="cuda: replay the model calls from CUDA graphs (turns the race "
+                        "detector off: a graph's kernels are invisible to it)")
     p.add_argument("--schedule", default="random", metavar="STRATEGY",
                    help="sim schedule strategy: eager, random, pct, buggify")
     p.add_argument("--access", default="declared", choices=("declared", "infer"),
@@ -131,6 +134,8 @@ def run(args) -> int:
             args.seed, args.requests or 16, cfg)
     except WorkloadError as e:
         raise UsageError(str(e)) from None
+    if args.cuda_graphs and args.device != "cuda":
+        raise UsageError("--cuda-graphs needs --device cuda")
     if args.dist:
         from .dist import run_command
         return run_command(args, cfg, wl, checks)
@@ -139,7 +144,8 @@ def run(args) -> int:
                          "for real ranks on cuda")
     try:
         rt = make_runtime(args.device, seed=args.seed, strategy=args.schedule,
-                          access=args.access)
+                          access=args.access, detect=not args.cuda_graphs,
+                          graphs=args.cuda_graphs)
     except RuntimeError as e:
         raise UsageError(str(e)) from None
     if args.device == "sim":

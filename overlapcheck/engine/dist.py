@@ -96,8 +96,9 @@ def _rank_main(rank: int, job: dict, out: str) -> None:
     from ..device import make_runtime
     torch.set_num_threads(1)
     _join(rank, job)
+    graphs = job.get("graphs", False)
     rt = make_runtime(job["device"], seed=job["seed"], strategy=job["schedule"],
-                      access=job["access"])
+                      access=job["access"], detect=not graphs, graphs=graphs)
     doc = _run_rank(rank, job, rt, make_model(job["cfg"].model))
     _write(os.path.join(out, f"rank{rank}.json"), doc)
     dist.destroy_process_group()
@@ -193,12 +194,13 @@ def free_port() -> int:
 
 
 def run_dist(cfg, workload, seed: int = 0, device: str = "sim", schedule: str = "random",
-             access: str = "declared", checks=(), timeout: float = 120.0) -> DistRun:
+             access: str = "declared", checks=(), timeout: float = 120.0,
+             graphs: bool = False) -> DistRun:
     """Run ``workload`` on ``cfg.tp`` real ranks; give up (killing the ranks) after
     ``timeout`` seconds plus a short grace."""
     import multiprocessing as mp
     job = {"cfg": cfg, "workload": workload, "seed": seed, "device": device,
-           "schedule": schedule, "access": access, "checks": list(checks),
+           "schedule": schedule, "access": access, "checks": list(checks), "graphs": graphs,
            "timeout": timeout, "port": free_port()}
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="overlapcheck-dist-") as out:
@@ -239,7 +241,8 @@ def run_command(args, cfg, workload, checks) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     run = run_dist(cfg, workload, seed=args.seed, device=args.device, schedule=args.schedule,
-                   access=args.access, checks=checks, timeout=args.dist_timeout)
+                   access=args.access, checks=checks, timeout=args.dist_timeout,
+                   graphs=args.cuda_graphs)
     rank0 = run.reports[0] or {}
     found = rank0.get("violations", []) + run.problems()
     res = run.result()
