@@ -50,17 +50,27 @@ class SyncWatch:
         if any(f.name in _RUNTIME_SYNCS and f.filename.endswith(_RUNTIME_FILE) for f in stack):
             self.runtime += 1
             return
+        mine = [g for g in stack if os.sep + "torch" + os.sep not in g.filename]
+        if mine and os.path.basename(mine[-1].filename) == os.path.basename(__file__):
+            return   # the watcher's own start (it sets the debug mode while a step runs)
         self.unseen += 1
         ours = [f for f in stack if any(p in f.filename for p in _PROJECT)]
         f = ours[-1] if ours else stack[-1]
-        where = os.path.join(*f.filename.split(os.sep)[-2:])
-        self.sites[f"{where}:{f.lineno} {f.name}"] += 1
+        site = _site(f)
+        # and the innermost frame outside torch, when it is not the project's (a harness)
+        if mine and mine[-1] is not f:
+            site += " > " + _site(mine[-1])
+        self.sites[site] += 1
 
     def report(self, steps: int) -> dict:
         return {"per_step": round((self.runtime + self.unseen) / steps, 3),
                 "runtime_per_step": round(self.runtime / steps, 3),
                 "unseen_per_step": round(self.unseen / steps, 3),
                 "unseen_sites": dict(self.sites.most_common(5))}
+
+
+def _site(f) -> str:
+    return f"{os.path.join(*f.filename.split(os.sep)[-2:])}:{f.lineno} {f.name}"
 
 
 def profiler(device: str):

@@ -22,6 +22,11 @@ separate untimed pass ("unseen": those the runtime did not issue itself, with th
 sites in the JSON); that pass also runs the profiler, and GPU busy = union of kernel time
 per step / the timed pass's wall time per step. ``--profile`` writes a profiler table of one
 steady step, both modes, where overlap/non-overlap is under ``--profile-below``.
+On cuda, every mode but ``checked+detector`` replays the model calls from CUDA graphs
+(``--graphs on``, the default; ``overlapcheck.device.graphs``): a shape's first call warms
+up, its second captures, the window only replays (the JSON has each mode's graph counts).
+Without graphs a step of these models is thousands of ~1 us kernels, launch-bound on the
+host, and overlap has no GPU time to hide host work behind.
 """
 from __future__ import annotations
 
@@ -125,7 +130,9 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
     cfg, wl = make_case(name, model, batch, args, overlap)
     gc.collect()
-    rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect, access="declared")
+    graphs = args.graphs and args.device == "cuda" and not detect
+    rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect, access="declared",
+                      graphs=graphs)
     mon = make_monitor(ref) if checked else None
     eng = build_engine(cfg, rt, model, mon)
     w = Window(eng, args.device, batch, args.settle, steps or args.steps, hooks)
@@ -139,6 +146,9 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
     if not w.result:
         raise SystemExit(f"{name} B={batch} {mode}: no steady decode window (raise --row-width?)")
     out = dict(w.result)
+    cache = getattr(getattr(eng.worker, "model", None), "cache", None)
+    if cache is not None:
+        out["graphs"] = cache.stats.to_json()
     if mon is not None:   # so far: the run stops at the end of its window
         out["violations"] = [str(v).splitlines()[0] for v in mon.violations][:5]
     return out, eng
@@ -160,6 +170,8 @@ def measure(args, name, model, batch) -> dict:
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
         med["window_steps"] = rs[0]["steps"]
+        if "graphs" in rs[0]:
+            med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
             med["violations"] = sorted({v for r in rs for v in r["violations"]})[:5]
         rec["modes"][mode] = med
@@ -223,7 +235,9 @@ def print_rec(r):
         print(f"{r['model']:20s} {r['batch']:3d} {mode:17s} {m['tokens_per_s']:9.1f} "
               f"{m['steps_per_s']:8.1f} {m['syncs_per_step']:6.2f} {m['hidden_per_step']:6.2f} "
               f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s}"
-              + (f"  violations: {len(m['violations'])}" if m.get("violations") else ""))
+              + (f"  violations: {len(m['violations'])}" if m.get("violations") else "")
+              + (f"  graph captures failed: {m['graphs']['failed']}"
+                 if m.get("graphs", {}).get("failed") else ""))
     print(f"{'':24s} ({r['seconds']} s) overlap/non-overlap {fmt(r['overlap_speedup'], '.3f')}x, "
           f"checked/unchecked {fmt(r['checked_ratio'], '.3f')}, "
           f"with detector {fmt(r['checked_detector_ratio'], '.3f')}")
@@ -245,6 +259,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"))
+    ap.add_argument("--graphs", default="on", choices=("on", "off"),
+                    help="cuda: replay the model calls from CUDA graphs (not with the detector)")
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
     ap.add_argument("--profile-below", type=float, default=1.10)
     ap.add_argument("--out", default="bench-out", help="folder for gpu_overlap.json and profiles")
@@ -253,6 +269,7 @@ def main() -> None:
     args.models = [m for m in args.models.split(",") if m]
     args.batch = [int(b) for b in args.batch.split(",") if b]
     args.modes = [m for m in args.modes.split(",") if m]
+    args.graphs = args.graphs == "on"
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1:
         ap.error(f"bad --modes/--models/--batch/--steps (modes: {', '.join(x[0] for x in MODES)})")

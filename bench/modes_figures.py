@@ -78,7 +78,8 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat) -> dic
     def once(batch, kw, n):
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
         eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
-            device, seed=0, strategy="eager", detect=False, access="declared"), m)
+            device, seed=0, strategy="eager", detect=False, access="declared",
+            graphs=device == "cuda"), m)
         gc.collect()
         w = G.Window(eng, device, batch, settle, n)
         try:
