@@ -20,8 +20,18 @@ from hf_fixtures import Paged, reference_logits, write_dir
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(params=["tree", "exact"])
+def linear_path(request, monkeypatch):
+    """Every weight through the tree (the tiny sizes' path), or through ``ExactWeight``
+    (the real sizes' path), whatever its size."""
+    from fake_models.hf import ops
+    if request.param == "exact":
+        monkeypatch.setattr(ops, "TREE_LIMIT", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("size", ["tiny-qwen3", "tiny-llama"])
-def test_logits_match_dense_reference(tmp_path, size):
+def test_logits_match_dense_reference(tmp_path, size, linear_path):
     cfg, t = write_dir(tmp_path, size)
     model = make_model(f"hf:{tmp_path}")
     toks = [5, 17, 3, 60, 2, 2, 41, 9, 33, 12, 0, 63]
@@ -47,7 +57,7 @@ def test_qwen2_biases_and_untied_head(tmp_path):
     assert torch.allclose(got, reference_logits(cfg, t, toks), atol=2e-4, rtol=1e-4)
 
 
-def test_batch_invariant_bitwise(tmp_path):
+def test_batch_invariant_bitwise(tmp_path, linear_path):
     """A request alone in one prefill == the same request among 8, chunked differently."""
     write_dir(tmp_path)
     model = make_model(f"hf:{tmp_path}")
@@ -74,6 +84,31 @@ def test_batch_invariant_bitwise(tmp_path):
     batch = pg.logits(list(range(8)), [len(p) for p in prompts])
     for r in range(8):
         assert torch.equal(batch[r], alone[r][0]), f"request {r} not bitwise equal"
+
+
+@pytest.mark.parametrize("din,dout", [(2048, 512), (8192, 256), (300, 70)])
+def test_exact_weight_is_exact_and_close(din, dout):
+    """Every partial sum of the float64 product is an integer below 2**52: the product
+    equals the int64 one, a row alone equals the row in a batch, and the result is
+    within a few 1e-6 of the dense float64 product."""
+    from fake_models.hf.ops import ExactWeight
+    g = torch.Generator().manual_seed(din)
+    w = torch.randn(din, dout, generator=g) * din ** -0.5
+    x = torch.randn(24, din, generator=g) * torch.logspace(-3, 3, 24).unsqueeze(1)
+    e = ExactWeight(w)
+    assert torch.equal(e.q, e.q.round()) and e.q.abs().max() <= 2 ** (52 - (din - 1).bit_length() - e.xbits)
+    assert (e.scale.log2() == e.scale.log2().round()).all()
+    y = e(x)
+    assert torch.equal(torch.cat([e(x[i:i + 1]) for i in range(24)]), y)
+    assert torch.equal(e(x[3:11]), y[3:11])
+    ref = x.double() @ w.double()
+    rel = ((y.double() - ref).abs().amax(1) / ref.abs().amax(1)).max().item()
+    assert rel < 1e-5, rel
+    # the float64 matmul of the integer grids equals the exact int64 one
+    from fake_models.hf.ops import _pow2_grid
+    s = _pow2_grid(x.double().abs().amax(-1, keepdim=True), e.xbits)
+    qx = torch.round(x.double() / s)
+    assert torch.equal((qx @ e.q), (qx.long() @ e.q.long()).double())
 
 
 def test_random_sizes_are_lazy():

@@ -25,6 +25,7 @@ from .config import DecoderConfig
 TOK, POS, RID = 0, 1, 2
 META = 3
 MAX_POS = 4096
+MATRICES = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")   # large ones become ExactWeights
 
 
 class Decoder:
@@ -69,7 +70,9 @@ class Decoder:
                 self._cpu = self._prepare()
             to = lambda x: None if x is None else x.to(device)      # noqa: E731
             w = {k: to(v) for k, v in self._cpu.items() if k != "layers"}
-            w["layers"] = [{k: to(v) for k, v in L.items()} for L in self._cpu["layers"]]
+            w["head"] = O.prepare(w["head"])
+            w["layers"] = [{k: (O.prepare(to(v)) if k in MATRICES else to(v)) for k, v in L.items()}
+                           for L in self._cpu["layers"]]
             self._dev[key] = w
         return self._dev[key]
 

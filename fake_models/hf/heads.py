@@ -51,7 +51,7 @@ class _Head:
     def weights(self, device):
         key = str(device)
         if key not in self._fc:
-            self._fc[key] = self._tensors()["fc.weight"].t().contiguous().to(device)
+            self._fc[key] = O.prepare(self._tensors()["fc.weight"].t().contiguous().to(device))
         return self.dec.weights(device), self._fc[key]
 
     def fuse(self, W, fc, toks, feats):

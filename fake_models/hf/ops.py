@@ -1,11 +1,13 @@
 """Batch-invariant ops of the HF-family decoder, built on ``fake_models.tiny_ops``.
 
 Small weights go through ``tiny_ops.linear`` (elementwise products summed as a fixed
-tree). Weights too large for that (real sizes: a 1024 x 151936 lm head) use a
-*per-query* matmul of fixed shape ``[1, din] @ [din, dout]`` on a fresh contiguous
-copy of the row: the same kernel with the same summation order runs for every query,
-whatever the batch, so the bits are still batch invariant (on CPU with one intra-op
-thread; on CUDA with cuBLAS' deterministic workspace setting).
+tree). Weights too large for that (real sizes: a 1024 x 151936 lm head) are prepared
+once as an ``ExactWeight`` (``prepare``): integers on a power-of-two grid per output
+column, in float64. A query row is put on its own power-of-two grid (from its largest
+magnitude) and the product is one float64 matmul whose every partial sum is an integer
+below 2**52, so it is *exact*: no summation order, split or kernel choice can change a
+bit, on any device and in any batch. Each operand keeps about 20 significant bits (a
+relative error of about 1e-6 of the row's, or column's, largest value).
 """
 from __future__ import annotations
 
@@ -17,25 +19,58 @@ import torch
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
-__all__ = ["linear", "rms_norm", "rope", "rope_tables", "attend_gqa", "context_slots", "silu"]
+__all__ = ["linear", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa", "context_slots", "silu"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ w (+ b)`` for ``x [..., din]``, ``w [din, dout]``; batch invariant."""
-    if w.numel() <= TREE_LIMIT:
+class ExactWeight:
+    """``w [din, dout]`` as ``q * scale``: ``q`` integer-valued float64 with at most
+    ``wbits`` bits, ``scale [1, dout]`` a power of two per column; ``xbits``: the bits a
+    query row keeps, so that ``din * 2**(xbits + wbits) <= 2**52``."""
+
+    def __init__(self, w: torch.Tensor):
+        din = w.shape[0]
+        budget = 52 - (din - 1).bit_length()
+        self.xbits = budget // 2
+        wbits = budget - self.xbits
+        self.scale = _pow2_grid(w.abs().amax(0, keepdim=True).double(), wbits)
+        self.q = torch.round(w.double() / self.scale)
+        self.shape = tuple(w.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.shape[0]).double()
+        s = _pow2_grid(flat.abs().amax(-1, keepdim=True), self.xbits)
+        y = (torch.round(flat / s) @ self.q) * s * self.scale
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.shape[1])
+
+
+def _pow2_grid(m: torch.Tensor, bits: int) -> torch.Tensor:
+    """The power of two ``2**(e - bits)`` where ``m < 2**e``: values up to ``m`` divided by
+    it are below ``2**bits``."""
+    _, e = torch.frexp(m)
+    return torch.ldexp(torch.ones_like(m), e - bits)
+
+
+def prepare(w: Optional[torch.Tensor]):
+    """A weight as ``linear`` takes it: itself when small (the tree), else ``ExactWeight``."""
+    if w is None or w.numel() <= TREE_LIMIT:
+        return w
+    return ExactWeight(w)
+
+
+def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ w (+ b)`` for ``x [..., din]``, ``w [din, dout]`` (or its ``ExactWeight``);
+    batch invariant."""
+    if isinstance(w, ExactWeight):
+        y = w(x)
+    else:
         din, p = w.shape[0], 1 << (w.shape[0] - 1).bit_length()
         if p != din:   # pad the operands, not the [.., din, dout] product (same tree)
             x = torch.cat([x, x.new_zeros(x.shape[:-1] + (p - din,))], -1)
             w = torch.cat([w, w.new_zeros((p - din, w.shape[1]))], 0)
         y = tree_linear(x, w)
-    else:
-        flat = x.reshape(-1, x.shape[-1])
-        rows = [torch.mm(flat[i:i + 1].clone(), w) for i in range(flat.shape[0])]
-        y = (torch.cat(rows, 0) if rows else flat.new_zeros((0, w.shape[1])))
-        y = y.reshape(*x.shape[:-1], w.shape[1])
     return y if b is None else y + b
 
 
