@@ -34,6 +34,7 @@ class _Graphed:
             if cache is None:
                 return attr(*args, **kwargs)
             return cache.call(key, attr, *args, **kwargs)
+        self.__dict__[name] = call    # made once: later lookups skip __getattr__
         return call
 
 
