@@ -11,6 +11,8 @@ import importlib
 import sys
 from typing import List, Optional
 
+from .errors import EXIT_USAGE, UsageError
+
 # subcommand name -> module providing register(subparsers); a module may register
 # several subcommands, and is registered once
 COMMANDS = {
@@ -23,12 +25,6 @@ COMMANDS = {
     "trace": "overlapcheck.repro.command",
     "minimize": "overlapcheck.repro.command",
 }
-
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

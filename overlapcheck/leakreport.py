@@ -25,7 +25,7 @@ def run(args) -> int:
     from invariants.leaks import analyze, plot
     from invariants.runlog import LogError, read_log
 
-    from .cli import UsageError
+    from .errors import UsageError
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -91,7 +91,7 @@ def _ranks(text: str) -> int:
 
 def _checks(text: str):
     from invariants import REGISTRY
-    from ..cli import UsageError
+    from ..errors import UsageError
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names or names == ["all"]:
         return []
@@ -113,7 +113,7 @@ def _config(args):
 
 
 def run(args) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..device import STRATEGIES, make_runtime
     from fake_models import make_model
     from invariants.drive import run_checked

@@ -232,7 +232,7 @@ def run_command(args, cfg, workload, checks) -> int:
     when a rank disagreed, stalled or died, or rank 0 found a violation or a race."""
     import sys
     from fake_models import make_model
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .command import _print_text
     if args.log:
         raise UsageError("--log is not available with --dist")

@@ -39,7 +39,7 @@ def register(sub) -> None:
 
 
 def _options(args):
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..engine import config as C
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time}")
@@ -79,7 +79,7 @@ def _options(args):
 
 
 def _check_faults(faults) -> None:
-    from ..cli import UsageError
+    from ..errors import UsageError
     if not faults:
         return
     try:

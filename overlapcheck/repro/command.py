@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def _load(path):
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .format import ReproError, load
     try:
         return load(path)
@@ -76,7 +76,7 @@ def run_trace(args) -> int:
 
 
 def run_minimize(args) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .format import save
     from .minimize import minimize
     if args.max_runs < 1:

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 
 def _check_device(device: str) -> None:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from ..device import DEVICES
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
@@ -45,7 +45,7 @@ def _check_device(device: str) -> None:
 
 def run(args) -> int:
     """Entry point of ``overlapcheck selftest``."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     from . import runner
 
     _check_device(args.device)
