@@ -1,0 +1,285 @@
+"""One run of vLLM's scheduler under overlapcheck: the engine-core loop of
+``EngineCore.step_with_batch_queue`` (upstream ``vllm/v1/engine/core.py``), with the
+fake runner in place of the executor and the ``Chooser`` at the points a real
+deployment leaves to timing.
+
+A host step (``iteration``):
+
+1. arrivals due now are added (``add_request``);
+2. aborts due now: each is a point on lane ``abort`` — taken now (the input queue,
+   before scheduling) or left for the ``late`` slot (vLLM's aborts queue, processed
+   right before the next ``update_from_output``);
+3. if the scheduler has requests and the batch queue has room: ``schedule()``, and the
+   runner runs the batch at once (batches run in issue order);
+4. the oldest batch's output is applied (``update_from_output``) when the queue is
+   full or nothing more can be scheduled — the real engine's rule — or earlier when
+   the strategy declines lane ``ahead`` (keep the batch in flight and schedule ahead);
+   the sync scheduler applies it at once and then takes the drafts (``post_step``);
+5. the scheduler's state is read back into events; ``StepEnd``.
+
+The eager strategy advances every lane: aborts at once, the queue kept full — the
+behaviour of a real async engine. ``Stalls`` on ``ahead`` applies outputs early; on
+``abort`` delays aborts into the batch-transition window.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Dict, List, Optional
+
+from ...engine import events as E
+from ...engine.results import RequestResult, RunResult, summarize
+from ...engine.types import SEEDED
+from ...engine.workload import Workload, WorkloadError
+from ..base import Chooser, Session
+from . import patching
+from .events import ReqCounters, VllmCounters, VllmFrame, VllmFrameDone, VllmSessionInfo
+from .faults import reverts_for
+from .golden import Golden
+from .observe import Tracker
+from .runner import FakeRunner
+
+_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
+            "FINISHED_ABORTED": "abort"}
+
+
+class _Batch:
+    __slots__ = ("bid", "so", "out", "entries")
+
+    def __init__(self, bid, so, out, entries):
+        self.bid, self.so, self.out, self.entries = bid, so, out, entries
+
+
+class VllmSession(Session):
+    def __init__(self, V, cfg, sched, strategy, observer, seed: int):
+        self.V, self.cfg, self.sched, self.seed = V, cfg, sched, seed
+        self.chooser = Chooser(strategy)
+        self.observer = observer
+        self.iteration = 0
+        self.goldens: Dict[int, Golden] = {}
+        self.runner = FakeRunner(V, cfg, self.goldens)
+        self.tracker = Tracker(sched, self._emit, cfg.max_num_seqs, cfg.block_size)
+        self.queue: deque = deque()
+        self.next_bid = 0
+        self.reqs: Dict[int, object] = {}          # rid -> vLLM Request (kept after it ends)
+        self.accepts: Dict[int, List[int]] = {}
+        self.verifies: Dict[int, int] = {}
+        self.ended: Dict[int, str] = {}
+        self.late: List[int] = []
+        self.spec_drafts = self.spec_accepted = 0
+        self.reverts = reverts_for(cfg.faults)
+        for rv in self.reverts:
+            patching.apply(sched, rv)
+
+    @property
+    def choices(self) -> List[int]:
+        return self.chooser.choices
+
+    def close(self) -> None:
+        for rv in self.reverts:
+            patching.unapply(self.sched, rv)
+
+    def _emit(self, ev) -> None:
+        if self.observer is not None:
+            self.observer(ev)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, workload: Workload) -> RunResult:
+        try:
+            return self._run(workload)
+        finally:
+            self.close()
+
+    def _check(self, workload: Workload) -> None:
+        room = self.cfg.max_model_len - self.cfg.spec_tokens - 1
+        for r in workload.requests:
+            if len(r.prompt) + r.max_new_tokens > room:
+                raise WorkloadError(f"request {r.rid}: prompt {len(r.prompt)} + max_new_tokens "
+                                    f"{r.max_new_tokens} exceeds max_model_len "
+                                    f"{self.cfg.max_model_len} less {self.cfg.spec_tokens} "
+                                    f"drafts and one bonus token")
+            if any(not 0 <= t < self.cfg.vocab for t in r.prompt + tuple(r.stop_ids)):
+                raise WorkloadError(f"request {r.rid}: token ids must lie in 0..{self.cfg.vocab - 1}")
+
+    def _run(self, workload: Workload) -> RunResult:
+        from ...engine import EngineStuck
+        self._check(workload)
+        cfg = self.cfg
+        self._emit(VllmSessionInfo(0, -1, cfg.scheduler, cfg.depth, cfg.spec_tokens,
+                                   cfg.block_size, cfg.defer_block_free, tuple(cfg.faults)))
+        arrivals: Dict[int, list] = {}
+        for spec in workload.requests:
+            arrivals.setdefault(spec.arrival, []).append(spec)
+        pending = sorted((a.step, a.rid) for a in workload.aborts)
+        last_arrival = max((s.arrival for s in workload.requests), default=0)
+        bound = cfg.max_steps or (256 + last_arrival + 16 * sum(
+            len(s.prompt) + s.max_new_tokens for s in workload.requests))
+        while True:
+            it = self.iteration
+            if it > last_arrival and not self.queue and not self.sched.has_requests():
+                break
+            if it >= bound:
+                msg = f"the vllm target's step bound ({bound} steps) ran out"
+                self._emit(E.Stalled(it, -1, "steps", msg))
+                raise EngineStuck(msg)
+            for spec in sorted(arrivals.get(it, ()), key=lambda s: s.rid):
+                self._add(spec)
+            due = [rid for step, rid in pending if step <= it and rid in self.reqs]
+            pending = [(s, r) for s, r in pending if not (s <= it and r in self.reqs)]
+            for rid in sorted(set(due + self.late)):
+                if rid in self.late:
+                    self.late.remove(rid)
+                if self.chooser.point(["abort"]) == 0:
+                    self._abort(rid)
+                else:
+                    self.late.append(rid)
+            self._step()
+            self._end_step()
+            self.iteration += 1
+        res = self._result()
+        self._emit(E.RunEnd(self.iteration, -1, res))
+        return res
+
+    def _step(self) -> None:
+        sched, it = self.sched, self.iteration
+        if sched.has_requests() and len(self.queue) < self.cfg.depth:
+            so = sched.schedule()
+            executed = so.total_num_scheduled_tokens > 0
+            bid = -1
+            if executed:
+                bid, self.next_bid = self.next_bid, self.next_bid + 1
+            out, entries = self.runner.execute(so)
+            self.queue.append(_Batch(bid, so, out, entries))
+            self._after_schedule(so, bid, entries)
+            if len(self.queue) < self.cfg.depth and (executed or sched.has_requests()):
+                if self.chooser.point(["ahead"]) == 0:
+                    return
+        if self.queue:
+            self._process(self.queue.popleft())
+
+    # -- the scheduler's calls, and what they changed ----------------------------------------
+    def _add(self, spec) -> None:
+        V, cfg = self.V, self.cfg
+        seeded = spec.sampling == SEEDED
+        self.goldens[spec.rid] = Golden(spec.prompt, spec.seed, seeded, cfg.vocab, cfg.agreement)
+        sp = V.SamplingParams(max_tokens=spec.max_new_tokens,
+                              stop_token_ids=list(spec.stop_ids[1:]),
+                              temperature=1.0 if seeded else 0.0,
+                              seed=spec.seed if seeded else None)
+        if spec.stop_ids:   # the first stop id plays the model's EOS, the rest stop ids
+            sp.update_from_generation_config({}, eos_token_id=spec.stop_ids[0])
+        req = V.Request(request_id=str(spec.rid), prompt_token_ids=list(spec.prompt),
+                        sampling_params=sp, pooling_params=None,
+                        arrival_time=float(spec.arrival) + spec.rid * 1e-6)
+        self.reqs[spec.rid] = req
+        self.accepts[spec.rid] = []
+        self.verifies[spec.rid] = 0
+        self.sched.add_request(req)
+        self._emit(E.Arrived(self.iteration, -1, spec.rid, spec))
+
+    def _abort(self, rid: int) -> None:
+        if rid in self.ended:
+            return
+        for req in self.sched.finish_requests(str(rid), self.V.RequestStatus.FINISHED_ABORTED):
+            self._gone(int(req.request_id), "abort", -1)
+
+    def _gone(self, rid: int, how: str, batch: int) -> None:
+        """Emit the memory and row moves of ``rid``'s end, then its end event."""
+        it, req = self.iteration, self.reqs[rid]
+        self.tracker.rows_update(it, batch, self._running())
+        self.tracker.memory(it, batch, {rid: how})
+        self.ended[rid] = how
+        toks = tuple(req.output_token_ids)
+        if how == "abort":
+            self._emit(E.Aborted(it, batch, rid, toks))
+        else:
+            self._emit(E.Finished(it, batch, rid, how, toks))
+
+    def _running(self):
+        return {int(r.request_id) for r in self.sched.running}
+
+    def _after_schedule(self, so, bid: int, entries) -> None:
+        it = self.iteration
+        preempted = sorted(int(r) for r in so.preempted_req_ids)
+        self.tracker.rows_update(it, bid, self._running())
+        self.tracker.memory(it, bid, {rid: "retract" for rid in preempted})
+        for rid in preempted:
+            self._emit(E.Retracted(it, bid, rid, 0))
+        if bid < 0:
+            return
+        kinds = {e.kind for e in entries}
+        kind = "decode" if kinds <= {"decode"} else "prefill"
+        self._emit(E.Scheduled(it, bid, kind, tuple(e.rid for e in entries)))
+        self._emit(E.Launched(it, bid, kind, ("forward",)))
+        self._emit(VllmFrame(it, bid, entries))
+
+    def _process(self, b: _Batch) -> None:
+        sched, it = self.sched, self.iteration
+        late, self.late = self.late, []
+        for rid in sorted(late):
+            self._abort(rid)
+        outs = sched.update_from_output(b.so, b.out)
+        got: Dict[int, object] = {}
+        for eco in outs.values():
+            for o in eco.outputs:
+                got[int(o.request_id)] = o
+            st = eco.scheduler_stats
+            if st is not None and st.spec_decoding_stats is not None:
+                self.spec_drafts += st.spec_decoding_stats.num_drafts
+                self.spec_accepted += st.spec_decoding_stats.num_accepted_tokens
+        if b.bid >= 0:
+            self._emit(VllmFrameDone(it, b.bid))
+        for e in b.entries:
+            o = got.get(e.rid)
+            toks = tuple(o.new_token_ids) if o is not None else ()
+            self._tokens(e, b.bid, toks)
+        ends = sorted(rid for rid, o in got.items() if o.finish_reason is not None)
+        reasons = {rid: _REASONS.get(self.reqs[rid].status.name, "finish") for rid in ends}
+        self.tracker.rows_update(it, b.bid, self._running())
+        self.tracker.memory(it, b.bid, reasons)
+        for rid in ends:
+            self.ended[rid] = reasons[rid]
+            self._emit(E.Finished(it, b.bid, rid, reasons[rid],
+                                  tuple(self.reqs[rid].output_token_ids)))
+        if not self.cfg.is_async and self.cfg.spec_tokens:
+            drafts = self.runner.draft_token_ids([e.rid for e in b.entries])
+            if drafts is not None:
+                sched.update_draft_token_ids(drafts)
+
+    def _tokens(self, e, bid: int, toks) -> None:
+        it = self.iteration
+        if e.kind in ("chunk", "unknown", "overrun") and not toks:
+            self._emit(E.Prefilled(it, bid, e.rid, -1, False))
+        elif e.kind == "prefill" and len(toks) <= 1:
+            self._emit(E.Prefilled(it, bid, e.rid, toks[0] if toks else -1, not toks))
+        elif toks:
+            idx = self.verifies[e.rid]
+            self.verifies[e.rid] = idx + 1
+            self.accepts[e.rid].append(e.accepted + 1)
+            self._emit(E.Verified(it, bid, e.rid, idx, e.accepted + 1, toks, False))
+        elif e.samples:
+            self._emit(E.Verified(it, bid, e.rid, -1, e.accepted + 1, e.tokens, True))
+
+    def _end_step(self) -> None:
+        it, sched = self.iteration, self.sched
+        live = sorted((int(k), r) for k, r in sched.requests.items())
+        inflight = tuple(b.bid for b in self.queue if b.bid >= 0)
+        per: Dict[int, List[int]] = {}
+        for b in self.queue:
+            if b.bid >= 0:
+                for e in b.entries:
+                    per.setdefault(e.rid, []).append(b.bid)
+        self._emit(VllmCounters(it, -1, tuple(ReqCounters(
+            rid, r.status.name, r.num_computed_tokens, r.num_tokens, r.num_output_placeholders,
+            r.num_in_flight_tokens, r.num_stale_output_tokens, len(r.spec_token_ids))
+            for rid, r in live)))
+        idle = not self.queue and not sched.has_requests()
+        self._emit(E.StepEnd(it, -1, self.tracker.snapshot(live, inflight, per, idle)))
+
+    def _result(self) -> RunResult:
+        reqs = {}
+        for rid, req in sorted(self.reqs.items()):
+            reqs[rid] = RequestResult(rid, tuple(req.output_token_ids),
+                                      self.ended.get(rid, "none"), tuple(self.accepts[rid]),
+                                      req.num_preemptions)
+        s = summarize(reqs, self.iteration, self.next_bid, 0, 0, 0)
+        return RunResult(reqs, s)
