@@ -1,0 +1,156 @@
+"""The import environment of the SGLang target: its pin, the environment variables it
+needs, the tiny Llama's config directory and the import stubs for CUDA-only modules.
+
+SGLang is imported lazily, inside ``SglangTarget.open``/``version`` only. Its import
+pulls in two modules that a CPU install cannot provide:
+
+* ``torchvision``: imported at module level by SGLang's multimodal helpers (InternVL,
+  DeepSeek-OCR configs), which the scheduler's import graph reaches. The PyPI build of
+  torchvision is linked against CUDA torch, so it cannot be installed beside the CPU
+  torch. No scheduler code path calls it.
+* ``vllm._custom_ops``: ``RotaryEmbedding.__init__`` imports ``rotary_embedding`` from
+  it on any platform that is neither CUDA, HIP nor SGLang's CPU engine; the torch-native
+  rotary path it then takes never calls it.
+
+Each is stubbed only when it is not installed, and only while SGLang is imported and a
+scheduler is built (``stubbed()``): afterwards ``sys.modules`` holds no fake module, so
+a user's real install (or a later real import) is untouched. Every attribute of a stub
+is a placeholder that raises when called, so a use we did not foresee fails loudly.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+from typing import Dict, Iterator, List
+
+PACKAGE = "sglang"
+PINNED = "0.5.23"
+INSTALL = ("pip install -c overlapcheck/targets/constraints-cpu.txt "
+           "--no-deps sglang==0.5.23 (then its light deps: see the README's target section)")
+
+# Set inside the target before SGLang is imported (it reads most of them at import).
+ENV: Dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",              # the tiny model is a local config dir; never the hub
+    "TRANSFORMERS_OFFLINE": "1",
+    "SGLANG_USE_CPU_ENGINE": "0",       # the plain torch path, not the AMX CPU engine
+    "SGLANG_IS_IN_CI": "0",             # keeps SGLang's torch.compile'd debug asserts off
+    "SGLANG_USE_MESSAGE_QUEUE_BROADCASTER": "0",
+}
+
+STUBBED_ROOTS = ("torchvision", "vllm")
+
+
+class _Placeholder:
+    """An attribute of a stub module: any attribute of it is another placeholder;
+    calling it raises; it can serve as a base class (a stubbed transform class)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is an overlapcheck import stub (not installed)")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{self.__name__}.{attr}")
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots):
+        self.roots = frozenset(roots)
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _StubModule(spec.name)
+        mod.__path__ = []
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+def missing_roots() -> List[str]:
+    """The stubbed packages that are really absent (only those get a stub)."""
+    out = []
+    for root in STUBBED_ROOTS:
+        if root in sys.modules and not isinstance(sys.modules[root], _StubModule):
+            continue
+        if importlib.util.find_spec(root) is None:
+            out.append(root)
+    return out
+
+
+@contextlib.contextmanager
+def stubbed() -> Iterator[None]:
+    """Install the stubs for the missing CUDA-only modules; remove them (and every
+    module they produced) on exit."""
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    roots = missing_roots()
+    if "torchvision" in roots:
+        # transformers caches whether torchvision exists the first time it asks; ask
+        # now, while it really is absent, so the stub is never mistaken for a release.
+        from transformers.utils import import_utils
+        import_utils.is_torchvision_available()
+    finder = _StubFinder(roots)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n, m in sys.modules.items() if isinstance(m, _StubModule)]:
+            del sys.modules[name]
+
+
+# The tiny random Llama of real_forward mode (and the shape every mode's scheduler is
+# built for: vocabulary, context). Generated into a private directory at first use
+# rather than shipped as package data: it is twelve numbers, and SGLang only reads
+# config.json from it (load_format=dummy draws the weights from SGLang's own seed).
+def tiny_llama_config(vocab: int, context: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": vocab,
+        "max_position_embeddings": context, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": 0,
+        "eos_token_id": vocab, "tie_word_embeddings": False,   # eos: never sampled
+    }
+
+
+def model_dir(vocab: int, context: int, root: str) -> str:
+    """A directory holding the tiny Llama's config.json (written once per shape)."""
+    path = os.path.join(root, f"tiny-llama-v{vocab}-c{context}")
+    cfg = os.path.join(path, "config.json")
+    if not os.path.exists(cfg):
+        os.makedirs(path, exist_ok=True)
+        tmp = cfg + f".{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(tiny_llama_config(vocab, context), f, indent=1, sort_keys=True)
+        os.replace(tmp, cfg)
+    return path
+
+
+def scratch_root() -> str:
+    return os.path.join(tempfile.gettempdir(), f"overlapcheck-sglang-{os.getuid()}")

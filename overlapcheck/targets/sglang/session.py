@@ -1,0 +1,353 @@
+"""One run of SGLang's real scheduler, one host iteration at a time.
+
+``SglangSession.run(workload)`` feeds the workload to the scheduler as its
+``recv_requests`` would return it (``TokenizedGenerateReqInput``/``AbortReq``) and runs
+the body of SGLang's own event loop once per step — ``event_loop_overlap`` or
+``event_loop_normal``, re-written here statement for statement around the scheduler's
+own methods (``ingest_requests``, ``get_next_batch_to_run``,
+``is_disable_overlap_for_batch``, ``run_batch``, ``process_batch_result``,
+``launch_batch_sample_if_needed``, ``on_idle``) — and turns what its state shows after
+each step into observer events (``observe.py``).
+
+Choice points (the ``Chooser`` lanes), what is nondeterministic in a deployment:
+
+* ``recv``: whether a message that is due (an arrival at its step, an abort at its
+  step) has reached the scheduler's socket by this poll, or comes at a later one;
+  an abort that arrives later meets its request in another batch;
+* ``overlap`` (overlap loop, a step with a batch to launch while a result is queued):
+  advanced, the result of the last batch is processed after the next one is launched
+  (SGLang's default); held, it is processed first, as SGLang does at a
+  ``disable_overlap_for_batch`` boundary (consecutive prefills, grammar sync);
+* ``decode`` (a step whose running batch decodes): held, SGLang's own test knob
+  ``SGLANG_TEST_RETRACT`` (interval 1) forces a retraction in that step's
+  ``update_running_batch``.
+
+Everything else comes from the seed: the workload's sampling seeds reach the fake
+model through the request's ``sampling_seed``; SGLang's global RNG is re-seeded at the
+start of every run, so a run's event stream depends on (config, workload, choices) only.
+"""
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from typing import Dict, List, Optional
+
+from overlapcheck.engine import events as E
+from overlapcheck.engine.results import RequestResult, RunResult, summarize
+from overlapcheck.engine.types import GREEDY
+
+from ..base import Chooser, Session
+from .observe import Observer, visible
+
+
+def rid_name(rid: int) -> str:
+    """SGLang matches aborts by rid *prefix* ("r2" also aborts "r20"): fixed-width
+    names with a terminator are never a prefix of one another."""
+    return f"oc-{rid:08d}-"
+
+
+class SglangSession(Session):
+    def __init__(self, built, cfg, strategy, observer, seed: int = 0):
+        self.built = built
+        self.s = built.scheduler
+        self.cfg = cfg
+        self.chooser = Chooser(strategy)
+        self.observer = observer
+        self.seed = seed
+        self.iteration = 0
+        self.bid = -1
+        self.events: List[object] = []
+
+    @property
+    def choices(self) -> List[int]:
+        return self.chooser.choices
+
+    def emit(self, ev) -> None:
+        if self.observer is not None:
+            self.observer(ev)
+
+    # -- messages -------------------------------------------------------------------------
+    def _generate_req(self, spec):
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        sp = SamplingParams(
+            max_new_tokens=spec.max_new_tokens,
+            stop_token_ids=set(spec.stop_ids) or None,
+            temperature=0.0 if spec.sampling == GREEDY else 1.0,
+            sampling_seed=spec.seed, skip_special_tokens=False)
+        sp.normalize(None)          # what the tokenizer manager does before sending
+        sp.verify(self.cfg.vocab)
+        return TokenizedGenerateReqInput(
+            rid=rid_name(spec.rid), input_text=None, input_ids=array("q", spec.prompt),
+            input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=sp,
+            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False)
+
+    def _abort_req(self, rid: int):
+        from sglang.srt.managers.io_struct import AbortReq
+        return AbortReq(rid=rid_name(rid))
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self, workload) -> RunResult:
+        from overlapcheck.engine.loop import EngineStuck
+        from .faults import applied
+        s, cfg = self.s, self.cfg
+        self._prepare()
+        specs = {r.rid: r for r in workload.requests}
+        due = sorted([(r.arrival, 0, r.rid) for r in workload.requests]
+                     + [(a.step, 1, a.rid) for a in workload.aborts])
+        self.pending: deque = deque()      # (kind, rid) due but not yet delivered
+        self.reqs: Dict[int, object] = {}  # rid -> SGLang Req, once created
+        self.ended: Dict[int, str] = {}
+        self.prompt_len = {rid: len(sp.prompt) for rid, sp in specs.items()}
+        self.verifies: Dict[int, int] = {}
+        self.accepts: Dict[int, List[int]] = {rid: [] for rid in specs}
+        self.retracts: Dict[int, int] = {rid: 0 for rid in specs}
+        self.obs = Observer(s, cfg.page_size, self.emit)
+        arrived = set()
+        with applied(cfg.faults, self):
+            while True:
+                it = self.iteration
+                while due and due[0][0] <= it:
+                    _, kind, rid = due.pop(0)
+                    self.pending.append((kind, rid))
+                self._deliver(it, specs, arrived)
+                self.bid_launched = -1
+                self._body(it)
+                self._observe(it, specs)
+                self.iteration += 1
+                if not due and not self.pending and len(self.ended) == len(specs) and self._idle():
+                    break
+                if self.iteration >= cfg.step_bound:
+                    live = sorted(set(specs) - set(self.ended))
+                    self.emit(E.Stalled(it, -1, "steps", f"{len(live)} requests still live after "
+                                        f"{cfg.step_bound} steps (first: {live[:5]})"))
+                    self.built.busy = True
+                    raise EngineStuck(f"sglang: step bound {cfg.step_bound} ran out")
+        result = self._result(specs)
+        self.emit(E.RunEnd(self.iteration, -1, result))
+        return result
+
+    def _prepare(self) -> None:
+        """What ``run_event_loop`` and ``event_loop_overlap`` set up before looping,
+        plus a reset of what a previous run on this scheduler left (``flush_cache``)."""
+        import random
+        import numpy as np
+        import torch
+        s = self.s
+        if not s.flush_cache(empty_cache=False):
+            self.built.busy = True
+            raise RuntimeError("sglang: the reused scheduler is not idle")
+        # SGLang seeds torch's and Python's global RNGs itself (set_random_seed); reset
+        # them per run so a real-forward run does not depend on the runs before it
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        s.forward_ct = 0
+        s.last_batch = None
+        s.running_batch = type(s.running_batch).init_new(
+            [], s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache,
+            s.model_config, s.enable_overlap, s.spec_algorithm)
+        s.schedule_stream.synchronize = lambda: None       # as run_event_loop on CPU
+        s._war_barrier_enabled = False                     # CUDA only
+        s.enable_continuous_input_polling = False
+        s.enable_skip_finishing_decode = bool(s.enable_overlap)
+        s.result_queue = deque()
+        self.built.pipes.inbox.clear()
+        self.built.pipes.outbox.clear()
+        if self.built.fake_worker is not None:
+            self.built.fake_worker.reset()
+        s.new_token_ratio_tracker.current = s.new_token_ratio_tracker.init
+        self.queued_bids: deque = deque()
+
+    def _deliver(self, it: int, specs, arrived) -> None:
+        keep = deque()
+        while self.pending:
+            kind, rid = self.pending.popleft()
+            if self.chooser.point(["recv"]) == 0:
+                if kind == 0:
+                    self.built.pipes.inbox.append(self._generate_req(specs[rid]))
+                    arrived.add(rid)
+                    self.emit(E.Arrived(it, -1, rid, specs[rid]))
+                else:
+                    self.built.pipes.inbox.append(self._abort_req(rid))
+            else:
+                keep.append((kind, rid))
+        self.pending = keep
+
+    def _idle(self) -> bool:
+        return bool(self.s.is_fully_idle())
+
+    # -- the loop bodies ------------------------------------------------------------------------
+    def _body(self, it: int) -> None:
+        from sglang.srt.managers import scheduler as sched_mod
+        s = self.s
+        s.ingest_requests()
+        self._track_new()
+        decoding = s.running_batch is not None and not s.running_batch.is_empty()
+        force = decoding and self.chooser.point(["decode"]) == -1
+        sched_mod.TEST_RETRACT, sched_mod.TEST_RETRACT_INTERVAL = force, 1
+        try:
+            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        finally:
+            sched_mod.TEST_RETRACT = False
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        s.cur_batch_for_debug = batch
+        if s.enable_overlap:
+            self._overlap_body(batch)
+        else:
+            self._normal_body(batch)
+
+    def _normal_body(self, batch) -> None:
+        s = self.s
+        if batch:
+            self._launched(batch)
+            result = s.run_batch(batch)
+            self._process(batch, result)
+        else:
+            s._sched_idled = True
+            s.on_idle()
+        s.last_batch = batch
+
+    def _overlap_body(self, batch) -> None:
+        s = self.s
+        disable = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+        if not disable and batch and s.result_queue and self.chooser.point(["overlap"]) == -1:
+            disable = True
+        if disable:
+            self._pop_and_process()
+        if batch:
+            self._launched(batch)
+            batch_result = s.run_batch(batch)
+            s._apply_war_barrier()
+            s.result_queue.append((batch.copy(), batch_result))
+            self.queued_bids.append(self.bid)
+        else:
+            batch_result = None
+            s._sched_idled = True
+        if s.last_batch:
+            if not disable:
+                self._pop_and_process()
+        elif batch is None:
+            s.on_idle()
+        if s.is_generation:
+            s.launch_batch_sample_if_needed(batch_result, batch)
+        s.last_batch = batch
+
+    def _pop_and_process(self) -> None:
+        b, r = self.s.result_queue.popleft()
+        bid = self.queued_bids.popleft()
+        self._process(b, r, bid)
+
+    def _launched(self, batch) -> None:
+        self.bid += 1
+        kind = "prefill" if batch.forward_mode.is_extend() else "decode"
+        rids = tuple(self._rid(r) for r in batch.reqs)
+        self.emit(E.Scheduled(self.iteration, self.bid, kind, rids))
+        self.emit(E.Launched(self.iteration, self.bid, kind, ()))
+
+    def _process(self, batch, result, bid: Optional[int] = None) -> None:
+        bid = self.bid if bid is None else bid
+        before = {id(r): len(visible(r)) for r in batch.reqs}
+        self.s.process_batch_result(batch, result)
+        decode = batch.forward_mode.is_decode()
+        accepts = None
+        if decode and result.accept_lens is not None:
+            accepts = [int(x) for x in result.accept_lens.tolist()]
+        for i, req in enumerate(batch.reqs):
+            rid = self._rid(req)
+            new = visible(req)[before[id(req)]:]
+            if not decode:
+                if new:
+                    self.emit(E.Prefilled(self.iteration, bid, rid, new[0], False))
+                    if len(new) > 1:
+                        self._verified(bid, rid, 1, tuple(new[1:]))
+                continue
+            if not new:
+                continue
+            self._verified(bid, rid, accepts[i] if accepts else 1, tuple(new))
+
+    def _verified(self, bid: int, rid: int, accept_len: int, tokens) -> None:
+        idx = self.verifies.get(rid, 0)
+        self.verifies[rid] = idx + 1
+        self.accepts[rid].append(accept_len)
+        self.emit(E.Verified(self.iteration, bid, rid, idx, accept_len, tokens, False))
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def _rid(self, req) -> int:
+        return int(req.rid[3:11])
+
+    def _track_new(self) -> None:
+        for req in self.s.waiting_queue:
+            rid = self._rid(req)
+            if rid not in self.reqs:
+                self.reqs[rid] = req
+
+    def _observe(self, it: int, specs) -> None:
+        s = self.s
+        self._track_new()
+        aborted_out = {self._rid_str(o.rid) for o in self.built.pipes.outbox
+                       if type(o).__name__ == "AbortReq" and o.rid}
+        self.built.pipes.outbox.clear()
+        live, reasons, ending = {}, {}, []
+        for rid, req in self.reqs.items():
+            if rid in self.ended:
+                continue
+            rc = int(req.retraction_count)
+            if rc > self.retracts[rid]:
+                reasons[rid] = "retract"
+            if req.finished() or rid in aborted_out:
+                abort = rid in aborted_out or _is_abort(req)
+                reasons[rid] = "abort" if abort else "finish"
+                ending.append((rid, req, abort))
+            live[rid] = req
+        self.obs.memory(it, -1, live, self.prompt_len, reasons)
+        for rid, req in live.items():
+            rc = int(req.retraction_count)
+            while rc > self.retracts[rid]:
+                self.retracts[rid] += 1
+                self.emit(E.Retracted(it, -1, rid, int(req.kv.kv_committed_len)))
+        for rid, req, abort in ending:
+            self.ended[rid] = "abort" if abort else _reason(req)
+            self.obs.drop_row(it, -1, rid)
+            if abort:
+                self.emit(E.Aborted(it, -1, rid, tuple(visible(req))))
+            else:
+                self.emit(E.Finished(it, -1, rid, self.ended[rid], tuple(visible(req))))
+        states = {}
+        waiting = {id(r) for r in s.waiting_queue}
+        for rid, req in self.reqs.items():
+            if rid in self.ended:
+                states[rid] = ("aborted" if self.ended[rid] == "abort" else "finished", req)
+            elif id(req) in waiting:
+                states[rid] = ("waiting", req)
+            elif not visible(req) or req is s.chunked_req:
+                states[rid] = ("prefilling", req)
+            else:
+                states[rid] = ("running", req)
+        inflight = tuple(self.queued_bids)
+        self.emit(E.StepEnd(it, -1, self.obs.snapshot(states, inflight, self._idle())))
+
+    @staticmethod
+    def _rid_str(name: str) -> int:
+        return int(name[3:11])
+
+    def _result(self, specs) -> RunResult:
+        reqs = {}
+        for rid in specs:
+            req = self.reqs.get(rid)
+            toks = tuple(visible(req)) if req is not None else ()
+            reqs[rid] = RequestResult(rid, toks, self.ended.get(rid, "abort"),
+                                      tuple(self.accepts[rid]), self.retracts[rid])
+        return RunResult(reqs, summarize(reqs, self.iteration, self.bid + 1, 0, 0, 0))
+
+
+def _is_abort(req) -> bool:
+    return type(req.finished_reason).__name__ == "FINISH_ABORT"
+
+
+def _reason(req) -> str:
+    name = type(req.finished_reason).__name__
+    return {"FINISH_LENGTH": "length", "FINISH_MATCHED_TOKEN": "stop",
+            "FINISH_MATCHED_STR": "stop", "FINISH_ABORT": "abort"}.get(name, name.lower())
