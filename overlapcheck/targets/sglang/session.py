@@ -91,6 +91,7 @@ class SglangSession(Session):
     def run(self, workload) -> RunResult:
         from overlapcheck.engine.loop import EngineStuck
         from .faults import applied
+        from .kernels import cpu_kernels
         s, cfg = self.s, self.cfg
         self._prepare()
         specs = {r.rid: r for r in workload.requests}
@@ -105,7 +106,7 @@ class SglangSession(Session):
         self.retracts: Dict[int, int] = {rid: 0 for rid in specs}
         self.obs = Observer(s, cfg.page_size, self.emit)
         arrived = set()
-        with applied(cfg.faults, self):
+        with cpu_kernels(), applied(cfg.faults, self):
             while True:
                 it = self.iteration
                 while due and due[0][0] <= it:
