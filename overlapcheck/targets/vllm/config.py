@@ -15,7 +15,8 @@ SCHEDULERS = ("async", "sync")
 @dataclass(frozen=True)
 class VllmTargetConfig:
     scheduler: str = "async"          # "async": AsyncScheduler; "sync": Scheduler
-    batch_queue: int = 2              # most batches in flight (async); sync runs 1
+    batch_queue: int = 2              # most batches in flight (async); sync runs 1; 3 is
+                                      # V2 + pipeline parallel 2 (pp_size + 1 batches)
     num_blocks: int = 32              # KV blocks, vLLM's null block 0 included
     block_size: int = 4               # tokens per block
     max_num_seqs: int = 8             # running-request cap
@@ -40,8 +41,8 @@ class VllmTargetConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"vllm config: scheduler must be one of {', '.join(SCHEDULERS)}, "
                              f"got {self.scheduler!r}")
-        if not 1 <= self.batch_queue <= 2:
-            raise ValueError(f"vllm config: batch_queue must be 1 or 2, got {self.batch_queue}")
+        if not 1 <= self.batch_queue <= 3:
+            raise ValueError(f"vllm config: batch_queue must be in 1..3, got {self.batch_queue}")
         if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("vllm config: needs num_blocks >= 2, block_size >= 1, "
                              f"max_num_seqs >= 1, got {self.num_blocks}, {self.block_size}, "

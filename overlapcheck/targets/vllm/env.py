@@ -118,4 +118,9 @@ def build_scheduler(cfg, V: SimpleNamespace):
     # As vLLM's tests/v1/core/test_deferred_block_free.py does: the production gate needs
     # a KV-consumer connector; the fence mechanism itself does not.
     sched.defer_block_free = cfg.defer_block_free
+    if cfg.is_async and cfg.batch_queue == 3:
+        # three batches in flight is V2 + async + pipeline parallel 2 (pp_size + 1); its
+        # scheduler spaces a request's decodes pp_size steps apart (AsyncScheduler
+        # decode_stagger), which a CPU build cannot get from a real PP config
+        sched.decode_stagger = 2
     return sched

@@ -13,7 +13,7 @@ from ...engine.events import Event
 
 @dataclass(frozen=True)
 class VllmSessionInfo(Event):
-    """Emitted first: the scheduler class, the in-flight depth, the draft count and
+    """Emitted first: the scheduler class ("async"/"sync"), the in-flight depth, the draft count and
     whether KV blocks may be written by a writer unordered with the model's stream
     (``unordered_writes``: deferred block frees are on, as with a KV-consumer
     connector, so a block must not change owner while a batch still writes it)."""
@@ -24,6 +24,8 @@ class VllmSessionInfo(Event):
     block_size: int
     unordered_writes: bool
     faults: Tuple[str, ...]
+    vocab: int = 64              # the fake model's vocabulary and draft agreement (percent),
+    agreement: int = 70          # for checkers that recompute golden tokens
 
 
 @dataclass(frozen=True)

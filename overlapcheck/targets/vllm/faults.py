@@ -43,8 +43,10 @@ PREEMPT_KEEPS_INFLIGHT = TargetFault(
     "own). The fix zeroes the placeholders, counts the in-flight tokens as stale "
     "(num_stale_output_tokens: delivered, never applied to the counters) and keeps the "
     "request waiting until they have drained.",
-    "async scheduler, spec decode or a batch queue of 2, a pool small enough to preempt "
-    "a request while one of its batches is in flight",
+    "async scheduler with three batches in flight (batch_queue 3: V2 + pipeline "
+    "parallel 2) and a pool small enough to preempt a request while two of its batches "
+    "are in flight; with one in flight the stale output drains before any resume and "
+    "the counters balance (as the #47900 thread observed)",
     (Revert(SCHED, "Scheduler", "_preempt_request", (
         ("""
         request.drop_stale_output = drop_stale_output or (

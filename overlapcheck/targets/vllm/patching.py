@@ -32,7 +32,7 @@ class Revert:
     module: str                          # e.g. "vllm.v1.core.sched.scheduler"
     cls: str                             # e.g. "Scheduler"
     method: str
-    edits: Tuple[Tuple[str, str], ...]   # (fixed text, pre-fix text), dedented to the def
+    edits: Tuple[Tuple[str, str], ...]   # (fixed text, pre-fix text), indented as in the file
 
 
 def _compile(src: str, filename: str, firstline: int, name: str) -> types.CodeType:
@@ -51,15 +51,16 @@ def build(rv: Revert):
     orig = cls.__dict__.get(rv.method)
     if not inspect.isfunction(orig):
         raise PatchMismatch(f"{rv.cls}.{rv.method} is not a plain method of {rv.module}")
-    src = textwrap.dedent(inspect.getsource(orig))
+    src = inspect.getsource(orig)
     for fixed, prefix in rv.edits:
-        fixed = textwrap.dedent(fixed).strip("\n")
+        fixed = fixed.lstrip("\n").rstrip()
         n = src.count(fixed)
         if n != 1:
             raise PatchMismatch(f"revert of {rv.cls}.{rv.method}: the fixed text occurs {n} "
                                 f"times in the installed source (expected once): "
                                 f"{fixed.splitlines()[0].strip()!r}")
-        src = src.replace(fixed, textwrap.dedent(prefix).strip("\n"))
+        src = src.replace(fixed, prefix.lstrip("\n").rstrip())
+    src = textwrap.dedent(src)
     _, line = inspect.getsourcelines(orig)
     code = _compile(src, inspect.getsourcefile(orig) or rv.module, line, rv.method)
     closure = None

@@ -105,7 +105,8 @@ class VllmSession(Session):
         self._check(workload)
         cfg = self.cfg
         self._emit(VllmSessionInfo(0, -1, cfg.scheduler, cfg.depth, cfg.spec_tokens,
-                                   cfg.block_size, cfg.defer_block_free, tuple(cfg.faults)))
+                                   cfg.block_size, cfg.defer_block_free, tuple(cfg.faults),
+                                   cfg.vocab, cfg.agreement))
         arrivals: Dict[int, list] = {}
         for spec in workload.requests:
             arrivals.setdefault(spec.arrival, []).append(spec)
