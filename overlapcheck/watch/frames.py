@@ -1,0 +1,79 @@
+"""The user's frames: where an access, an allocation or a stream came from.
+
+A frame belongs to the user unless its file lies in torch, in overlapcheck's watch or
+race packages, or in Python's own library (runpy, contextlib, ...). Reports show the
+innermost user frame as ``file:line`` and a short stack of user frames under it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+from typing import Dict, Optional, Tuple
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PKG = os.path.dirname(_HERE)
+_RACE = os.path.join(_PKG, "race")
+_ENTRY = tuple(os.path.join(_PKG, n) for n in ("cli.py", "__main__.py"))
+
+
+def _roots() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(packages that are never the user's, Python's library directories)."""
+    ours = [_HERE + os.sep, _RACE + os.sep, *_ENTRY]
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None and getattr(torch_mod, "__file__", None):
+        ours.append(os.path.dirname(os.path.abspath(torch_mod.__file__)) + os.sep)
+    stdlib = {os.path.abspath(p) + os.sep for k, p in sysconfig.get_paths().items()
+              if k in ("stdlib", "platstdlib") and p}
+    return tuple(ours), tuple(stdlib)
+
+
+class Frames:
+    """Finds user frames; the verdict per file is cached."""
+
+    def __init__(self) -> None:
+        self._ours, self._stdlib = _roots()
+        self._user: Dict[str, bool] = {}
+        self._shown: Dict[str, str] = {}
+        self._cwd = os.getcwd() + os.sep
+
+    def is_user(self, filename: str) -> bool:
+        v = self._user.get(filename)
+        if v is None:
+            installed = ("site-packages" in filename or "dist-packages" in filename)
+            v = not (filename.startswith("<") or filename.startswith(self._ours)
+                     or (filename.startswith(self._stdlib) and not installed))
+            self._user[filename] = v
+        return v
+
+    def show(self, filename: str) -> str:
+        """A file name as reports print it: relative to the working directory when
+        under it, else the base name."""
+        s = self._shown.get(filename)
+        if s is None:
+            path = os.path.abspath(filename)
+            s = path[len(self._cwd):] if path.startswith(self._cwd) else os.path.basename(path)
+            self._shown[filename] = s
+        return s
+
+    def user_frame(self) -> Optional[FrameType]:
+        """The innermost user frame of the current call stack."""
+        f = sys._getframe(1)
+        while f is not None and not self.is_user(f.f_code.co_filename):
+            f = f.f_back
+        return f
+
+    def site(self, f: Optional[FrameType]) -> str:
+        if f is None:
+            return "?"
+        return f"{self.show(f.f_code.co_filename)}:{f.f_lineno}"
+
+    def stack(self, f: Optional[FrameType], limit: int = 4) -> Tuple[str, ...]:
+        """``file:line in function`` for ``f`` and the user frames that called it."""
+        out = []
+        while f is not None and len(out) < limit:
+            if self.is_user(f.f_code.co_filename):
+                out.append(f"{self.site(f)} in {f.f_code.co_name}")
+            f = f.f_back
+        return tuple(out)

@@ -1,0 +1,222 @@
+"""The ``watch`` context on the CPU shim: restoring what it patched, keeping the
+program's own exceptions, both modes, the JSON report, and the host accesses that
+never reach the dispatcher."""
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.cuda._gpu_trace as gpu_trace
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from overlapcheck.watch import RaceFound, watch
+
+REGISTRIES = [v for v in vars(gpu_trace).values() if hasattr(v, "callback_list")]
+
+
+@pytest.fixture(autouse=True)
+def quiet_log():
+    logger = logging.getLogger("overlapcheck.watch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+def _snapshot():
+    return ({k: v for k, v in vars(torch.Tensor).items()},
+            {k: v for k, v in vars(torch.cuda).items()},
+            {k: v for k, v in vars(torch).items()},
+            [list(r.callback_list) for r in REGISTRIES],
+            list(_get_current_dispatch_mode_stack()))
+
+
+def _same(a, b) -> bool:
+    ta, ca, ma, ra, sa = a
+    tb, cb, mb, rb, sb = b
+    return (ta.keys() == tb.keys() and all(ta[k] is tb[k] for k in ta)
+            and ca.keys() == cb.keys() and all(ca[k] is cb[k] for k in ca)
+            and ma.keys() == mb.keys() and all(ma[k] is mb[k] for k in ma)
+            and ra == rb and sa == sb)
+
+
+def read_before_copy():
+    """A pinned buffer read on the host before its non-blocking D2H landed."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.empty(4, device="cuda")
+        x.fill_(1.0)
+        pinned = torch.empty(4, pin_memory=True)
+        pinned.copy_(x, non_blocking=True)
+    return pinned.tolist()
+
+
+def test_leaving_restores_every_patched_function():
+    before = _snapshot()
+    originals = (torch.cuda.Stream, torch.cuda.Event, torch.Tensor.tolist, torch.tensor)
+    with watch(device="cpu", mode="log") as w:
+        inside = _snapshot()
+        assert torch.cuda.Stream is not originals[0] and torch.cuda.Event is not originals[1]
+        assert torch.Tensor.tolist is not originals[2] and torch.tensor is not originals[3]
+        assert torch.cuda.is_available()
+        read_before_copy()
+    assert not _same(before, inside)
+    assert _same(before, _snapshot())
+    assert w.reports
+    with pytest.raises(RaceFound):  # and after a race raised out of the context
+        with watch(device="cpu", mode="raise"):
+            read_before_copy()
+    assert _same(before, _snapshot())
+    with pytest.raises(KeyError):  # and after the program's own exception
+        with watch(device="cpu"):
+            torch.cuda.Stream()
+            raise KeyError("x")
+    assert _same(before, _snapshot())
+    assert torch.cuda.Stream is originals[0] and torch.Tensor.tolist is originals[2]
+
+
+def test_program_exception_is_kept_and_the_report_added_as_a_note():
+    boom = ValueError("boom")
+    with pytest.raises(ValueError) as info:
+        with watch(device="cpu", mode="log") as w:
+            read_before_copy()
+            raise boom
+    assert info.value is boom
+    assert len(w.reports) == 1
+    notes = getattr(info.value, "__notes__", [])
+    assert len(notes) == 1 and "overlapcheck watch found 1 race" in notes[0]
+    assert "host-read-before-copy" in notes[0]
+
+
+def test_exception_without_race_gets_no_note():
+    with pytest.raises(ValueError) as info:
+        with watch(device="cpu", mode="log"):
+            torch.zeros(2, device="cuda").tolist()
+            raise ValueError("plain")
+    assert not getattr(info.value, "__notes__", [])
+
+
+def test_raise_mode_stops_at_the_racy_line():
+    with pytest.raises(RaceFound) as info:
+        with watch(device="cpu"):
+            read_before_copy()
+    r = info.value.report
+    assert r.kind == "host-read-before-copy"
+    assert r.current["op"] == "tolist"
+    assert r.current["frame"].endswith(f":{read_before_copy.__code__.co_firstlineno + 8}")
+    assert "`s.synchronize()`" in r.missing_edge
+
+
+def test_json_report(tmp_path):
+    path = tmp_path / "watch.json"
+    with watch(device="cpu", mode="log", json_path=str(path)):
+        read_before_copy()
+        read_before_copy()
+    data = json.loads(path.read_text())
+    assert data["overlapcheck_watch"] == 1 and data["device"] == "cpu"
+    assert data["summary"]["races"] == 1 and data["summary"]["occurrences"] == 2
+    race = data["races"][0]
+    assert race["kind"] == "host-read-before-copy" and race["count"] == 2
+    assert race["current"]["context"] == "the host" and race["current"]["write"] is False
+    assert race["previous"]["copy"] is True and race["previous"]["stream"] == "s"
+    assert race["missing_edge"].startswith("add `s.synchronize()`")
+
+
+def test_watch_contexts_do_not_nest():
+    with watch(device="cpu"):
+        with pytest.raises(RuntimeError, match="nest"):
+            with watch(device="cpu"):
+                pass
+
+
+def _copy_into_pinned():
+    s, done = torch.cuda.Stream(), torch.cuda.Event()
+    with torch.cuda.stream(s):
+        x = torch.arange(4, device="cuda")
+        pinned = torch.empty(4, dtype=torch.int64, pin_memory=True)
+        pinned.copy_(x, non_blocking=True)
+    done.record(s)
+    return pinned, done
+
+
+@pytest.mark.parametrize("read", [
+    lambda p: np.asarray(p),
+    lambda p: p.numpy(),
+    lambda p: p[1].item(),
+    lambda p: int(p[2]),
+    lambda p: bool(p[0] == 3),
+    lambda p: p.sum(),
+    lambda p: p[1:3].tolist(),
+], ids=["np.asarray", "numpy", "item", "int", "compare", "sum", "slice-tolist"])
+def test_host_reads_of_pinned_memory(read):
+    with watch(device="cpu", mode="log") as w:
+        pinned, done = _copy_into_pinned()
+        read(pinned)
+    assert [r.kind for r in w.reports] == ["host-read-before-copy"]
+    with watch(device="cpu", mode="log") as w:
+        pinned, done = _copy_into_pinned()
+        done.synchronize()
+        read(pinned)
+    assert w.reports == []
+
+
+def test_host_writes_into_a_staging_buffer_in_flight():
+    def program(sync: bool):
+        s, done = torch.cuda.Stream(), torch.cuda.Event()
+        staging = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        with torch.cuda.stream(s):
+            dev = torch.empty(4, dtype=torch.int64, device="cuda")
+            dev.copy_(staging, non_blocking=True)
+        done.record(s)
+        if sync:
+            done.synchronize()
+        staging[2] = 7
+
+    with watch(device="cpu", mode="log") as w:
+        program(False)
+    assert [r.kind for r in w.reports] == ["host-write-during-copy"]
+    assert w.reports[0].rows == "row 2"
+    with watch(device="cpu", mode="log") as w:
+        program(True)
+    assert w.reports == []
+
+
+def test_pageable_copies_follow_cudas_rules():
+    with watch(device="cpu", mode="log") as w:
+        s = torch.cuda.Stream()
+        pageable = torch.zeros(4)
+        with torch.cuda.stream(s):
+            dev = torch.empty(4, device="cuda")
+            dev.copy_(pageable, non_blocking=True)  # H2D from pageable: staged at once
+            pageable.fill_(1.0)
+            back = torch.empty(4)
+            back.copy_(dev, non_blocking=True)      # D2H into pageable: done on return
+        back.tolist()
+    assert w.reports == []
+
+
+def test_to_cpu_non_blocking_returns_pinned_memory_still_being_filled():
+    with watch(device="cpu", mode="log") as w:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            dev = torch.arange(4, device="cuda")
+            blocking = dev.cpu()
+            host = dev.to("cpu", non_blocking=True)
+        assert host.is_pinned() and not blocking.is_pinned()
+        blocking.tolist()  # the blocking copy synchronized the stream, before ...
+        host.tolist()      # ... the non-blocking one was issued
+    assert [r.kind for r in w.reports] == ["host-read-before-copy"]
+
+
+def test_device_tensors_stay_on_the_device_until_copied():
+    with watch(device="cpu", mode="log") as w:
+        x = torch.ones(3, device="cuda")
+        assert x.cuda() is x and x.to("cuda") is x and x.to(x) is x
+        y = torch.tensor([1, 2, 3], device="cuda")
+        z = torch.as_tensor([4, 5], device="cuda")
+        assert y.to(torch.float32).cpu().tolist() == [1.0, 2.0, 3.0]
+        assert z.tolist() == [4, 5]
+        with pytest.raises(TypeError):
+            x.numpy()
+    assert w.reports == []
