@@ -24,6 +24,7 @@ COMMANDS = {
     "replay": "overlapcheck.repro.command",
     "trace": "overlapcheck.repro.command",
     "minimize": "overlapcheck.repro.command",
+    "watch": "overlapcheck.watch.command",
 }
 
 

@@ -1,0 +1,100 @@
+"""``overlapcheck watch``: run an unmodified PyTorch program under the race detector.
+
+    overlapcheck watch [--device auto|cpu|cuda] [--mode log|raise] [--json FILE] \\
+        -- python script.py [args...]
+
+The script runs in this process with its own ``sys.argv``. Exit status: the
+program's own, unless a race was found (1, with the reports on stderr); 2 for bad
+input (no program, a missing script, an unknown device or mode), printed as one line.
+torch is imported only once the input is known to be good, so ``--help`` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+HELP = "run an unmodified PyTorch program under the race detector"
+DEVICES = ("auto", "cpu", "cuda")
+MODES = ("log", "raise")
+
+
+def register(subparsers) -> None:
+    """Add the ``watch`` subcommand to the ``overlapcheck`` parser."""
+    p = subparsers.add_parser(
+        "watch", help=HELP,
+        description=HELP + ": streams, events, syncs, allocations and copies of plain "
+                           "torch.cuda code, checked by happens-before.",
+        epilog="example: overlapcheck watch --device cpu -- python my_engine.py --steps 8")
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help="cuda (a GPU), cpu (a CPU shim of torch.cuda: the same verdicts "
+                        "without a GPU) or auto (default: cuda when available)")
+    p.add_argument("--mode", default="log", metavar="MODE",
+                   help="log (default): run to the end and report every race; raise: stop "
+                        "the program at the first race")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM",
+                   help="the program: -- python script.py [args...] or -- python -m module")
+    p.set_defaults(func=run)
+
+
+def _check(args):
+    from ..errors import UsageError
+    from .runner import parse_command
+    if args.device not in DEVICES:
+        raise UsageError(f"unknown device {args.device!r} (choose from {', '.join(DEVICES)})")
+    if args.mode not in MODES:
+        raise UsageError(f"unknown mode {args.mode!r} (choose from {', '.join(MODES)})")
+    target = parse_command(args.program)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available on this machine "
+                             "(--device cpu runs the same checks on the CPU)")
+    return target
+
+
+def run(args) -> int:
+    """Entry point of ``overlapcheck watch``."""
+    kind, target, prog_args = _check(args)
+    from .runner import run_program
+
+    logger = logging.getLogger("overlapcheck.watch")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("overlapcheck watch: %(message)s"))
+    logger.addHandler(handler)
+    saved = logger.propagate
+    logger.propagate = False
+    try:
+        out = run_program(target, prog_args, module=(kind == "module"), device=args.device,
+                          mode=args.mode, json_path=args.json)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = saved
+    if out.error is not None:
+        _print_program_error(out.error)
+    w = out.watch
+    s = w.summary()
+    if w.reports:
+        verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
+        if s["occurrences"] != s["races"]:
+            verdict += f" ({s['occurrences']} occurrences)"
+    else:
+        verdict = "no race"
+    streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"
+    print(f"overlapcheck watch ({w.device}): {verdict} in {s['ops']} ops on {streams}"
+          + (f"; report written to {args.json}" if args.json else ""), file=sys.stderr)
+    return 1 if w.reports else out.status
+
+
+def _print_program_error(exc: BaseException) -> None:
+    """The program's traceback as Python would print it: from the program's frames on
+    (the runner's own frames left out), notes included."""
+    import traceback
+
+    from .frames import Frames
+    frames = Frames()
+    tb = exc.__traceback__
+    while tb is not None and not frames.is_user(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
