@@ -101,6 +101,10 @@ def drop() -> None:
         b = _LAST.pop()
         # its watchdog thread watches forward_ct only while a batch is current
         b.scheduler.cur_batch_for_debug = None
+        # SGLang's own teardown of its process groups: the next build makes new ones
+        from sglang.srt.distributed import parallel_state
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
 
 
 def _construct(cfg: SglangConfig, key) -> Built:

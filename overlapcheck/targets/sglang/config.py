@@ -64,7 +64,7 @@ class SglangConfig:
 
     def build_key(self) -> tuple:
         """What the built scheduler depends on (everything but the drive settings)."""
-        return (self.spec_steps, self.page_size, self.pool_tokens, self.max_running,
+        return (self.overlap, self.spec_steps, self.page_size, self.pool_tokens, self.max_running,
                 self.chunk_size, self.context, self.vocab, self.model)
 
 

@@ -1,11 +1,148 @@
-"""Target faults: public, fixed SGLang bugs re-created against 0.5.23 (filled below)."""
+"""Target faults: public, fixed SGLang bugs re-created against 0.5.23 as opt-in patches.
+
+Each fault restores the pre-fix behaviour of one SGLang function, the way SGLang's own
+``SGLANG_DEBUG_REVERT_PR`` switch reverts a fix: the function's source is edited
+(each edit must match exactly once, or the fault refuses to apply), compiled in its
+module's namespace and installed in place of the original — in every SGLang module
+that imported it by name — only inside a session whose config lists the fault
+(``applied``), and restored when the session ends. Nothing in overlapcheck's fuzzer
+knows fault names; a fault counts as found only through the checker it names.
+"""
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Tuple
 
-FAULTS: dict = {}
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    pr: str                  # the public fix (and the issue it closed)
+    checker: str             # the checker expected to catch it
+    target: str              # "module:Qualified.name" of the patched function
+    edits: Tuple[Tuple[str, str], ...]   # (exact text, replacement)
+    trigger: str             # what a run needs for the fault to show
+    description: str
+
+
+FAULTS: Dict[str, Fault] = {}
+
+
+def _register(f: Fault) -> None:
+    FAULTS[f.name] = f
+
+
+_register(Fault(
+    name="overalloc-leak",
+    pr="sgl-project/sglang#19518 (same class: #12224, #13826)",
+    checker="kv-accounting",
+    target="sglang.srt.mem_cache.common:release_kv_cache",
+    edits=(("    _release_overallocated_kv_indices(\n"
+            "        req, owned_kv_len, req.kv.kv_allocated_len, tree_cache\n"
+            "    )\n", ""),),
+    trigger="spec decode (spec_steps >= 1): decode reserves draft slots past the committed length",
+    description=(
+        "A release path frees a finished request's committed KV but not its over-allocated "
+        "draft slots [kv_committed_len, kv_allocated_len): spec v2 reserves them for the "
+        "next verify, so every finished request strands its tail. #19518 found it on the "
+        "decode-offload release path ('over-allocated draft token slots were never freed "
+        "after request completion') and fixed it by freeing the overallocation as "
+        "release_kv_cache does; this fault removes that free from release_kv_cache itself."),
+))
+
+_register(Fault(
+    name="delayed-token-double-free",
+    pr="sgl-project/sglang#12224",
+    checker="kv-accounting",
+    target="sglang.srt.managers.scheduler_components.batch_result_processor:"
+           "SchedulerBatchResultProcessor.process_batch_result_decode",
+    edits=((
+        "                # NOTE: This (req.finished() or req.is_retracted) should only happen when overlap scheduling is enabled.\n"
+        "                # And all the over-allocated tokens will be freed in `release_kv_cache`.\n"
+        "                continue\n",
+        "                if req.finished():\n"
+        "                    # pre-#12224: free the one delayed token of the lagged batch here\n"
+        "                    self.token_to_kv_pool_allocator.free(batch.out_cache_loc[i : i + 1])\n"
+        "                continue\n"),),
+    trigger="overlap loop, no spec, page size 1, a request finishing by a stop token "
+            "(it rides the already launched batch)",
+    description=(
+        "Before #12224 ('unify memory management across (overlap, non-overlap) x (page>=1) "
+        "x (retract, finished)') the overlap branch of decode result processing freed the "
+        "slot the lagged batch had allocated for a request that had already finished, while "
+        "the finish path freed the request's whole range too: that slot is freed twice. "
+        "The fix made release_kv_cache, driven by kv_allocated_len, the only release."),
+))
+
+_register(Fault(
+    name="length-before-stop",
+    pr="sgl-project/sglang#33758 (issue #31599)",
+    checker="lifecycle",
+    target="sglang.srt.managers.schedule_batch:Req.update_finish_state",
+    edits=((
+        "        # Sanitize out-of-range / NaN token ids before any decode.\n",
+        "        if len(self.output_ids) >= self.sampling_params.max_new_tokens:\n"
+        "            self.finished_reason = FINISH_LENGTH(\n"
+        "                length=self.sampling_params.max_new_tokens\n"
+        "            )\n"
+        "            self.finished_len = self.sampling_params.max_new_tokens\n"
+        "            return\n\n"
+        "        # Sanitize out-of-range / NaN token ids before any decode.\n"),),
+    trigger="spec decode: an accept run holding a stop token that also crosses max_new_tokens",
+    description=(
+        "Req.update_finish_state checked the max_new_tokens cap before the stop checks. A "
+        "spec accept run that holds a stop token and crosses the cap in one step finished "
+        "as 'length' with finished_len at the cap, so tokens accepted after the stop leaked "
+        "into the output. #33758 runs the stop checks first and caps a stop found beyond "
+        "the budget at the limit."),
+))
+
+
+# -- applying -------------------------------------------------------------------------------
+def _resolve(target: str):
+    modname, qual = target.split(":")
+    mod = sys.modules.get(modname) or __import__(modname, fromlist=["_"])
+    owner, parts = mod, qual.split(".")
+    for p in parts[:-1]:
+        owner = getattr(owner, p)
+    return mod, owner, parts[-1], owner.__dict__[parts[-1]] if isinstance(owner, type) \
+        else getattr(owner, parts[-1])
+
+
+def patched_function(fault: Fault):
+    """The pre-fix function: the original's source (as indented in its file) with the
+    fault's edits, compiled in the original's module namespace."""
+    mod, owner, attr, orig = _resolve(fault.target)
+    src = inspect.getsource(orig)
+    for old, new in fault.edits:
+        if src.count(old) != 1:
+            raise RuntimeError(f"fault {fault.name}: its edit matches {src.count(old)} times "
+                               f"in {fault.target} (expected once): not SGLang 0.5.23?")
+        src = src.replace(old, new)
+    ns: dict = {}
+    exec(compile(textwrap.dedent(src), f"<overlapcheck fault {fault.name}>", "exec"),
+         mod.__dict__, ns)
+    return owner, attr, orig, ns[attr]
 
 
 @contextlib.contextmanager
-def applied(names, session):
-    yield
+def applied(names, session=None) -> Iterator[None]:
+    """Apply the named faults for the duration of the block."""
+    saved: List[Tuple[object, str, object]] = []
+    try:
+        for name in names:
+            owner, attr, orig, new = patched_function(FAULTS[name])
+            holders = [owner] + [m for n, m in list(sys.modules.items())
+                                 if n.startswith("sglang.") and m is not None and m is not owner
+                                 and getattr(m, "__dict__", {}).get(attr) is orig]
+            for h in holders:
+                saved.append((h, attr, orig))
+                setattr(h, attr, new)
+        yield
+    finally:
+        for h, attr, orig in reversed(saved):
+            setattr(h, attr, orig)

@@ -50,7 +50,9 @@ class Oracle:
 
     def raw(self, slots: np.ndarray) -> int:
         toks = self.kv[slots]
-        return int(_term(toks, np.arange(len(slots), dtype=np.int64)).sum() % M)
+        terms = _term(toks, np.arange(len(slots), dtype=np.int64))
+        # each term < 2**31: partial sums of up to 2**32 terms stay below 2**63
+        return int(terms.sum() % M)
 
     @staticmethod
     def extend(raw: int, token: int, pos: int) -> int:
@@ -76,9 +78,10 @@ class Oracle:
 
 
 def _req_rng(req):
+    """(seed, seeded) of a request. SGLang turns temperature 0 into top_k 1 (greedy)."""
     sp = req.sampling_params
     seed = sp.sampling_seed if sp.sampling_seed is not None else 0
-    return int(seed), sp.temperature > 0
+    return int(seed), sp.top_k != 1
 
 
 class FakeModelWorker:

@@ -1,0 +1,50 @@
+"""The fake model's own continuation, with no engine: the golden reference.
+
+``Golden(cfg).next(spec, tokens)`` is the token the fake model gives after ``tokens``
+(prompt plus output so far) for a request with ``spec``'s seed and sampling, computed
+from the token list alone; ``accept_len(spec, tokens, k)`` is the accept length of a
+verify at that point (draft chain against target, the fake worker's rule). The fake
+worker computes the same from what it reads through SGLang's request->token table, so
+any difference means SGLang fed the model another context than the request's own.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from overlapcheck.engine.types import SEEDED
+
+from .worker import Oracle
+
+
+class Golden:
+    def __init__(self, cfg):
+        self.oracle = Oracle(cfg.vocab, cfg.agreement, 1)
+        self.k = cfg.spec_steps
+
+    def _raw(self, tokens: Sequence[int]) -> int:
+        raw = 0
+        for p, t in enumerate(tokens):
+            raw = Oracle.extend(raw, int(t), p)
+        return raw
+
+    def next(self, spec, tokens: Sequence[int]) -> int:
+        return self.oracle.target(self._raw(tokens), len(tokens), spec.seed,
+                                  spec.sampling == SEEDED)
+
+    def accept_len(self, spec, tokens: Sequence[int]) -> int:
+        """A verify whose root is ``tokens[-1]`` (context ``tokens[:-1]`` in KV)."""
+        o, seeded = self.oracle, spec.sampling == SEEDED
+        n = len(tokens) - 1
+        raw = self._raw(tokens[:-1])
+        chain, a = [int(tokens[-1])], 1
+        for j in range(self.k + 1):
+            raw = o.extend(raw, chain[j], n + j)
+            target = o.target(raw, n + j + 1, spec.seed, seeded)
+            if j == self.k:
+                break
+            d = o.draft(raw, n + j + 1, spec.seed, seeded)
+            if d != target:
+                break
+            chain.append(d)
+            a += 1
+        return a
