@@ -56,7 +56,11 @@ class Observer:
     def free_slots(self) -> Tuple[int, List[int]]:
         """(count as the allocator reports it, the slots it lists)."""
         a = self.s.token_to_kv_pool_allocator
-        pages = [int(x) for x in a.free_pages.tolist()] + [int(x) for x in a.release_pages.tolist()]
+        if hasattr(a, "get_all_free_pages"):           # paged: free + staged pages
+            pages = [int(x) for x in a.get_all_free_pages().tolist()]
+        else:                                          # page size 1: free + release
+            pages = [int(x) for x in a.free_pages.tolist()] + \
+                    [int(x) for x in a.release_pages.tolist()]
         if self.page_size == 1:
             return len(pages), pages
         ps = self.page_size

@@ -106,6 +106,9 @@ class SglangSession(Session):
         self.retracts: Dict[int, int] = {rid: 0 for rid in specs}
         self.obs = Observer(s, cfg.page_size, self.emit)
         arrived = set()
+        # a run that raises, or ran with a fault, leaves the scheduler in a state no
+        # flush is trusted to undo: the next session builds a fresh one
+        self.built.busy = True
         with cpu_kernels(), applied(cfg.faults, self):
             while True:
                 it = self.iteration
@@ -125,6 +128,7 @@ class SglangSession(Session):
                                         f"{cfg.step_bound} steps (first: {live[:5]})"))
                     self.built.busy = True
                     raise EngineStuck(f"sglang: step bound {cfg.step_bound} ran out")
+        self.built.busy = bool(cfg.faults)
         result = self._result(specs)
         self.emit(E.RunEnd(self.iteration, -1, result))
         return result
