@@ -46,14 +46,17 @@ class Checked:
 
 def run_checked(cfg, workload, strategy=None, seed: int = 0, names: Sequence[str] = (),
                 reference=None, keep_events: bool = False, stop_at_first: bool = False,
-                target=None) -> Checked:
+                target=None, **context) -> Checked:
     """Run ``workload`` with the named checkers (default: all vLLM + shared ones);
-    ``reference``: a ``RunResult`` for parity. An engine exception is kept in
-    ``error``, not raised (the checkers' findings up to it stay)."""
+    ``reference``: a ``RunResult`` for parity; ``context``: more checker context (e.g.
+    ``parity_accept=False``: a preemption resamples at a new position in vLLM, so accept
+    lengths by verify index match the reference only where both runs preempted alike).
+    An engine exception is kept in ``error``, not raised (the checkers' findings up to
+    it stay)."""
     from ...device.sched import Eager
     from . import VllmTarget
     names = list(names) or list(CHECKERS) + list(SHARED)
-    checkers = make(names, reference=reference)
+    checkers = make(names, reference=reference, **context)
     out = Checked()
 
     class _Stop(Exception):

@@ -1,0 +1,87 @@
+"""Hypothesis strategies for the vLLM target: configs, workloads and schedules drawn
+together, so that shrinking minimizes all three.
+
+``vllm_case()`` draws a ``VllmCase``: a ``VllmTargetConfig`` (async or sync scheduler,
+batch queue 1..3, pools from one request's worth of blocks up, so preemption is
+common, 0..4 drafts, chunking on or off, deferred frees on or off), a ``Workload``
+(arrivals, prompts, max_new_tokens, stop ids, seeds, greedy or seeded sampling, aborts
+at any step) and ``stalls`` for ``overlapcheck.device.sched.Stalls`` over the target's
+lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take the abort
+now). ``faults`` are passed in, never drawn (the fuzzer knows no fault names).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from hypothesis import strategies as st
+
+from ...engine.types import GREEDY, SEEDED, RequestSpec
+from ...engine.workload import AbortAt, Workload
+from .config import VllmTargetConfig
+
+LANES = ("ahead", "abort")
+VOCAB = 32
+
+
+@dataclass(frozen=True)
+class VllmCase:
+    cfg: VllmTargetConfig
+    workload: Workload
+    stalls: Tuple[Tuple[str, int, int], ...]
+
+
+@st.composite
+def vllm_config(draw, faults: Tuple[str, ...] = ()) -> VllmTargetConfig:
+    scheduler = draw(st.sampled_from(("async", "sync")))
+    batch_queue = draw(st.integers(1, 3)) if scheduler == "async" else 1
+    block_size = draw(st.sampled_from((1, 2, 4, 8)))
+    spec = draw(st.integers(0, 4))
+    max_model_len = draw(st.integers(spec + 8, 64))
+    one = -(-max_model_len // block_size)               # blocks of one full request
+    num_blocks = 1 + one + draw(st.integers(0, 2 * one))
+    seqs = draw(st.integers(1, 6))
+    chunk = draw(st.sampled_from((0, 0, 4, 8, 16)))
+    return VllmTargetConfig(
+        scheduler=scheduler, batch_queue=batch_queue, num_blocks=num_blocks,
+        block_size=block_size, max_num_seqs=seqs,
+        max_num_batched_tokens=seqs * max(spec + 1, chunk) + draw(st.integers(0, 64)),
+        long_prefill_token_threshold=chunk, max_model_len=max_model_len, spec_tokens=spec,
+        agreement=draw(st.integers(0, 100)), vocab=VOCAB,
+        defer_block_free=draw(st.booleans()), faults=tuple(faults))
+
+
+@st.composite
+def vllm_workload(draw, cfg: VllmTargetConfig) -> Workload:
+    room = cfg.max_model_len - cfg.spec_tokens - 1
+    n = draw(st.integers(1, 8))
+    reqs, aborts, step = [], [], 0
+    for rid in range(n):
+        step += draw(st.integers(0, 3))
+        plen = draw(st.integers(1, max(1, room // 2)))
+        prompt = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), min_size=plen,
+                                     max_size=plen)))
+        max_new = draw(st.integers(1, room - plen))
+        stop = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), max_size=2, unique=True)))
+        sampling = draw(st.sampled_from((GREEDY, SEEDED)))
+        reqs.append(RequestSpec(rid, step, prompt, max_new, stop,
+                                draw(st.integers(0, 2 ** 31 - 1)), sampling))
+        if draw(st.integers(0, 7)) == 0:
+            aborts.append(AbortAt(rid, step + draw(st.integers(0, 40))))
+    return Workload(tuple(reqs), tuple(aborts))
+
+
+@st.composite
+def vllm_stalls(draw) -> Tuple[Tuple[str, int, int], ...]:
+    out = []
+    for _ in range(draw(st.integers(0, 4))):
+        a = draw(st.integers(0, 80))
+        out.append((draw(st.sampled_from(LANES)), a, a + draw(st.integers(1, 20))))
+    return tuple(out)
+
+
+@st.composite
+def vllm_case(draw, faults: Tuple[str, ...] = ()) -> VllmCase:
+    """A whole case: config, workload and stalls."""
+    cfg = draw(vllm_config(faults))
+    return VllmCase(cfg, draw(vllm_workload(cfg)), draw(vllm_stalls()))
