@@ -296,6 +296,11 @@ class SglangSession(Session):
                        if type(o).__name__ == "AbortReq" and o.rid}
         self.built.pipes.outbox.clear()
         live, reasons, ending = {}, {}, []
+        for rid in sorted(aborted_out - set(self.reqs) - set(self.ended)):
+            # created and aborted within one poll (its abort came with it): SGLang
+            # popped it from the waiting queue before any step could see it
+            self.ended[rid] = "abort"
+            self.emit(E.Aborted(it, -1, rid, ()))
         for rid, req in self.reqs.items():
             if rid in self.ended:
                 continue
