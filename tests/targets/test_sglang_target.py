@@ -52,7 +52,13 @@ def _run(cfg, wl, strategy=None, extra=()):
         events.append(ev)
         found.extend(feed_all(checkers, ev))
     session = t.open(cfg, strategy or Eager(), observer)
-    result = session.run(wl)
+    if cfg.faults:       # SGLang's own idle check may raise on a leak after we saw it
+        try:
+            result = session.run(wl)
+        except Exception:
+            result = None
+    else:
+        result = session.run(wl)
     for c in checkers:
         found.extend(c.finish())
     return result, events, found, session.choices
@@ -127,10 +133,7 @@ def test_fault_caught_by_its_checker_and_clean_engine_quiet(sglang, fault, cfg, 
         assert _run(cfg, _workload(seed, n=10))[2] == []
     for seed in range(12):
         wl = _workload(seed, n=10)
-        try:
-            found = _run(replace(cfg, faults=(fault,)), wl)[2]
-        except Exception:          # an engine exception is tallied apart, not a catch
-            found = []
+        found = _run(replace(cfg, faults=(fault,)), wl)[2]
         caught += any(v.checker == checker for v in found)
     assert caught >= 1
 
