@@ -69,11 +69,19 @@ class Frames:
             return "?"
         return f"{self.show(f.f_code.co_filename)}:{f.f_lineno}"
 
-    def stack(self, f: Optional[FrameType], limit: int = 4) -> Tuple[str, ...]:
-        """``file:line in function`` for ``f`` and the user frames that called it."""
+    def stack(self, f: Optional[FrameType], limit: int = 4,
+              depth: int = 24) -> Tuple[Tuple[str, int, str], ...]:
+        """``(file, line, function)`` of ``f`` and the user frames that called it (at
+        most ``limit`` of them, looking ``depth`` frames up): cheap to take at every
+        access; ``format`` turns it into text when a report needs it."""
         out = []
-        while f is not None and len(out) < limit:
-            if self.is_user(f.f_code.co_filename):
-                out.append(f"{self.site(f)} in {f.f_code.co_name}")
+        while f is not None and len(out) < limit and depth > 0:
+            code = f.f_code
+            if self.is_user(code.co_filename):
+                out.append((code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back
+            depth -= 1
         return tuple(out)
+
+    def format(self, stack) -> Tuple[str, ...]:
+        return tuple(f"{self.show(fn)}:{line} in {name}" for fn, line, name in stack)

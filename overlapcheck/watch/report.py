@@ -177,9 +177,9 @@ class Explainer:
                    + fix)
 
         def acc(a, desc, code) -> Dict[str, object]:
+            stack = self.tr.frames.format(getattr(a.op, "stack", ())) or (a.op.frame,)
             return {"context": desc, "stream": None if a.ctx == HOST else code,
-                    "op": a.op.name, "frame": a.op.frame,
-                    "stack": tuple(getattr(a.op, "stack", ()) or (a.op.frame,)),
+                    "op": a.op.name, "frame": a.op.frame, "stack": stack,
                     "write": a.write, "copy": a.op.is_copy}
 
         return WatchReport(rep, memory, unit.row_text(rep.rows),

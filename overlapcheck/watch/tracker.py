@@ -34,9 +34,10 @@ _MAX_ROWS = 8192    # a view touching more rows than this counts as touching all
 
 @dataclass(frozen=True)
 class WatchOp(OpInfo):
-    """An ``OpInfo`` that also carries the user's stack (innermost first)."""
+    """An ``OpInfo`` that also carries the user's stack (innermost first), as
+    ``Frames.stack`` takes it."""
 
-    stack: Tuple[str, ...] = ()
+    stack: Tuple[Tuple[str, int, str], ...] = ()
 
 
 @dataclass
