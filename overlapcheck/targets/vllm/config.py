@@ -58,6 +58,10 @@ class VllmTargetConfig:
         if self.max_model_len < self.spec_tokens + 3:
             raise ValueError(f"vllm config: max_model_len {self.max_model_len} leaves no room "
                              f"for a prompt, an output token and {self.spec_tokens} drafts")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(f"vllm config: long_prefill_token_threshold "
+                             f"{self.long_prefill_token_threshold} exceeds max_model_len "
+                             f"{self.max_model_len}")
         # vLLM refuses to start when one request of max_model_len cannot fit the KV cache
         if (self.num_blocks - 1) * self.block_size < self.max_model_len:
             raise ValueError(f"vllm config: {self.num_blocks - 1} usable blocks of "

@@ -37,7 +37,7 @@ def vllm_config(draw, faults: Tuple[str, ...] = ()) -> VllmTargetConfig:
     batch_queue = draw(st.integers(1, 3)) if scheduler == "async" else 1
     block_size = draw(st.sampled_from((1, 2, 4, 8)))
     spec = draw(st.integers(0, 4))
-    max_model_len = draw(st.integers(spec + 8, 64))
+    max_model_len = draw(st.integers(spec + 16, 64))
     one = -(-max_model_len // block_size)               # blocks of one full request
     num_blocks = 1 + one + draw(st.integers(0, 2 * one))
     seqs = draw(st.integers(1, 6))
