@@ -9,4 +9,8 @@ py="${1:-python}"
 c="$here/../constraints-cpu.txt"
 "$py" -m pip install -c "$c" torch==2.13.0
 "$py" -m pip install -c "$c" --no-deps vllm==0.33.0
-"$py" -m pip install -c "$c" -r "$here/requirements-cpu.txt"
+# the light deps take only the torch pin: the shared file also holds SGLang's pins
+# (openai==2.8.0, xgrammar==0.2.7), which vllm 0.33.0 cannot use (openai>=2.25, xgrammar==0.2.8)
+t="$(mktemp)"; trap 'rm -f "$t"' EXIT
+grep -E '^torch==' "$c" > "$t"
+"$py" -m pip install -c "$t" -r "$here/requirements-cpu.txt"
