@@ -19,6 +19,7 @@ callbacks are removed from PyTorch's registries on leaving.
 """
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Tuple
 
 import torch
@@ -33,6 +34,7 @@ class GpuBackend:
     def __init__(self, tracker):
         self.tr = tracker
         self._registered: List[Tuple[object, object]] = []
+        self.thread = threading.get_ident()  # the watched host thread
 
     # -- what the dispatch mode asks ------------------------------------------------------
     def current_stream(self) -> int:
@@ -59,6 +61,13 @@ class GpuBackend:
     def _on_alloc(self, ptr: int) -> None:
         self.tr.device_alloc(ptr, self.current_stream())
 
+    def _host_sync(self, handler):
+        """A synchronization orders the thread that waited: only the watched one."""
+        def on_sync(*args):
+            if threading.get_ident() == self.thread:
+                handler(*args)
+        return on_sync
+
     def callbacks(self):
         tr = self.tr
         return (
@@ -69,9 +78,9 @@ class GpuBackend:
             (gpu_trace.EventWaitCallbacks, tr.wait),
             (gpu_trace.MemoryAllocationCallbacks, self._on_alloc),
             (gpu_trace.MemoryDeallocationCallbacks, tr.device_free),
-            (gpu_trace.DeviceSynchronizationCallbacks, tr.sync_device),
-            (gpu_trace.StreamSynchronizationCallbacks, tr.sync_stream),
-            (gpu_trace.EventSynchronizationCallbacks, tr.sync_event),
+            (gpu_trace.DeviceSynchronizationCallbacks, self._host_sync(tr.sync_device)),
+            (gpu_trace.StreamSynchronizationCallbacks, self._host_sync(tr.sync_stream)),
+            (gpu_trace.EventSynchronizationCallbacks, self._host_sync(tr.sync_event)),
         )
 
     # -- install / uninstall -------------------------------------------------------------------
@@ -82,15 +91,17 @@ class GpuBackend:
             self._registered.append((registry, cb))
         tr = self.tr
 
+        watched = self.thread
+
         def event_query(self):
             done = orig_event_query(self)
-            if done and self.cuda_event:
+            if done and self.cuda_event and threading.get_ident() == watched:
                 tr.sync_event(self.cuda_event)
             return done
 
         def stream_query(self):
             done = orig_stream_query(self)
-            if done:
+            if done and threading.get_ident() == watched:
                 tr.sync_stream(self.cuda_stream)
             return done
 

@@ -16,25 +16,34 @@ On device tensors, ``tolist()`` is a blocking copy to the host (it goes through
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .mode import host_key
 
 
 def install_host_accessors(patcher, backend, tracker) -> None:
+    watched = threading.get_ident()  # another thread's reads are not the watched host's
+
     def host_read(t, name: str) -> None:
+        __tracebackhide__ = True
+        if threading.get_ident() != watched:
+            return
         u = tracker.host_unit_if_tracked(host_key(t))
         if u is not None:
             op, frame = tracker.op(name)
             tracker.host_access(u, t, False, op, frame)
 
     def tolist(self):
+        __tracebackhide__ = True
         if backend.device_key(self) is not None:
             return self.cpu().tolist()
         host_read(self, "tolist")
         return orig_tolist(self)
 
     def numpy(self, *, force=False):
+        __tracebackhide__ = True
         if backend.device_key(self) is not None:
             if force:
                 return self.cpu().numpy()

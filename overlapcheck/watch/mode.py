@@ -131,6 +131,7 @@ class WatchMode(TorchDispatchMode):
         self.tr = tracker
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
         kwargs = kwargs or {}
         plan = plan_of(func)
         if plan.inert:
@@ -155,6 +156,7 @@ class WatchMode(TorchDispatchMode):
 
     def _host_op(self, plan: Plan, ins) -> None:
         """The host runs the op itself: it accesses the host memory in place."""
+        __tracebackhide__ = True
         tr = self.tr
         op = None
         for t, write in ins:
@@ -166,6 +168,7 @@ class WatchMode(TorchDispatchMode):
             tr.host_access(u, t, write, op, frame)
 
     def _device_op(self, func, plan: Plan, args, kwargs, ins, target):
+        __tracebackhide__ = True
         b, tr = self.b, self.tr
         sid = b.current_stream()
         nb = plan.copy and non_blocking(plan, args, kwargs)

@@ -127,6 +127,7 @@ class Watch:
 
     # -- reports -------------------------------------------------------------------------
     def _on_report(self, race, unit, frame) -> None:
+        __tracebackhide__ = True  # pytest shows the user's line, not ours
         report = self._explainer.explain(race, unit, frame)
         seen = self._by_key.get(report.key)
         if seen is not None:

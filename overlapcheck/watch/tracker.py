@@ -292,6 +292,7 @@ class Tracker:
 
     def access(self, ctx: CtxId, clock: Optional[Clock], u: Unit, t, write: bool,
                op: WatchOp, frame) -> Optional[RaceReport]:
+        __tracebackhide__ = True
         rows = u.rows(t)
         if rows is not None and not rows:
             return None
@@ -301,4 +302,5 @@ class Tracker:
         return rep
 
     def host_access(self, u: Unit, t, write: bool, op: WatchOp, frame) -> Optional[RaceReport]:
+        __tracebackhide__ = True
         return self.access(HOST, None, u, t, write, op, frame)
