@@ -2,10 +2,12 @@
 
 ``torch.cuda._gpu_trace`` is the mechanism PyTorch's own CUDA sanitizer subscribes
 to: once ``torch._C._activate_gpu_trace()`` has run, PyTorch calls the registered
-callbacks on stream creation, event creation, record, wait and deletion, caching-
-allocator allocations and frees, and device, stream and event synchronizations. The
-callbacks get raw handles (``cudaStream_t``, ``cudaEvent_t`` and block addresses as
-ints), which are what the tracker keys on.
+callbacks on event creation, record, wait and deletion, caching-allocator
+allocations and frees, and device, stream and event synchronizations. The callbacks
+get raw handles (``cudaStream_t``, ``cudaEvent_t`` and block addresses as ints), which
+are what the tracker keys on. Stream creation is not followed: PyTorch reports its
+whole pool of streams when the first one is handed out, so a stream becomes a
+context when it is first used.
 
 What the callbacks do not cover is patched for the duration of the context:
 
@@ -71,7 +73,6 @@ class GpuBackend:
     def callbacks(self):
         tr = self.tr
         return (
-            (gpu_trace.StreamCreationCallbacks, lambda s: tr.stream_created(s)),
             (gpu_trace.EventCreationCallbacks, tr.event_created),
             (gpu_trace.EventDeletionCallbacks, tr.event_deleted),
             (gpu_trace.EventRecordCallbacks, tr.record),

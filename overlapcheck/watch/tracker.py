@@ -133,10 +133,14 @@ class Tracker:
     def ctx(self, sid: StreamHandle) -> CtxId:
         c = self.stream_ctx.get(sid)
         if c is None:
-            c = self.stream_created(sid)
+            c = self.stream_created(sid, seen="first used")
         return c
 
-    def stream_created(self, sid: StreamHandle, site: Optional[str] = None) -> CtxId:
+    def stream_created(self, sid: StreamHandle, site: Optional[str] = None,
+                       seen: str = "created") -> CtxId:
+        """A context for stream ``sid``, named after where it was created (the shim
+        knows) or first used (on a GPU, PyTorch reports its pool of streams at once,
+        when the first one is taken)."""
         c = self.stream_ctx.get(sid)
         if c is not None:
             return c  # a pooled stream handed out again: the same CUDA stream
@@ -145,7 +149,7 @@ class Tracker:
         else:
             site = site or self.frames.site(self.frames.user_frame())
             self.stream_site[sid] = site
-            name = f"stream created at {site}"
+            name = f"stream {seen} at {site}"
         c = self.stream_ctx[sid] = self.det.add_context(name)
         return c
 

@@ -46,10 +46,10 @@ def test_trace_callbacks_reach_the_tracker():
     with watch(device="cuda", mode="log") as w:
         tr = w.tracker
         s, done = torch.cuda.Stream(), torch.cuda.Event()
-        assert s.cuda_stream in tr.stream_ctx  # stream creation
         with torch.cuda.stream(s):
             x = torch.ones(256, device="cuda")
             ptr = x.data_ptr()
+        assert s.cuda_stream in tr.stream_ctx  # a context from first use
         assert tr.units[ptr].stream == s.cuda_stream  # allocation, on the current stream
         done.record(s)
         assert tr.event_id(done.cuda_event) in tr.det.events  # event creation and record

@@ -30,9 +30,9 @@ def test_callbacks_feed_the_tracker_and_are_removed_on_uninstall():
                                               gpu_trace.StreamSynchronizationCallbacks)]
     tracker, backend, patcher = _installed()
     try:
-        _fire(gpu_trace.StreamCreationCallbacks, FWD)
-        _fire(gpu_trace.StreamCreationCallbacks, COPY)
-        fwd, copy = tracker.stream_ctx[FWD], tracker.stream_ctx[COPY]
+        _fire(gpu_trace.StreamCreationCallbacks, 0x3333)  # PyTorch's pool: not followed
+        assert 0x3333 not in tracker.stream_ctx
+        fwd, copy = tracker.ctx(FWD), tracker.ctx(COPY)  # contexts from first use
         _, work = tracker.enqueue(FWD)  # forward work, then an event recorded after it
         _fire(gpu_trace.EventCreationCallbacks, EVENT)
         _fire(gpu_trace.EventRecordCallbacks, EVENT, FWD)
