@@ -179,7 +179,7 @@ class WatchMode(TorchDispatchMode):
         ctx, clock = tr.enqueue(sid)
         allocs = tr.allocs
         out = func(*args, **kwargs)
-        outs = [(o, b.new_output(o, target, sid)) for o in outputs(plan, out)]
+        outs = [(o, b.new_output(o, target, sid)) for o in outputs(plan, out) if o.numel()]
         name = plan.name + (" (non_blocking)" if nb else "")
         op, frame = tr.op(name, is_copy=plan.copy or plan.lift)
         host_side = None
