@@ -4,7 +4,7 @@ checked by ours on the CPU shim, ours on the GPU, and PyTorch's CUDA sanitizer.
     PYTHONPATH=. python bench/watch_gpu.py --out DIR      # on a GPU machine
     PYTHONPATH=. python bench/watch_gpu.py --out DIR      # here: the cpu column only
 
-Each cell is one fresh process, as a user would run it: ``python -m overlapcheck watch
+Each cell is one fresh process, as a user would run it: ``python -m overlapcheck.watch
 --device cpu|cuda --json F -- python prog.py [--fixed]`` for ours, and ``python
 prog.py [--fixed]`` with ``TORCH_CUDA_SANITIZER=1`` for the sanitizer (it is
 process-wide and raises on its first error). Happens-before verdicts do not depend
@@ -47,7 +47,7 @@ def ours(path: str, argv: List[str], device: str) -> Tuple[str, Tuple[str, ...],
     """(verdict, kinds, detail): verdict is "race", "quiet" or "error"."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "overlapcheck", "watch", "--device", device, "--json",
+        cmd = [sys.executable, "-m", "overlapcheck.watch", "--device", device, "--json",
                out, "--", sys.executable, path, *argv]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT,

@@ -98,3 +98,22 @@ def _print_program_error(exc: BaseException) -> None:
     while tb is not None and not frames.is_user(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
+def main(argv=None) -> int:
+    """``python -m overlapcheck.watch [options] -- python script.py``: this command
+    alone, without loading the other commands of ``overlapcheck``."""
+    from ..errors import EXIT_USAGE, UsageError
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # one line, as the overlapcheck command line does
+            self.exit(EXIT_USAGE, f"overlapcheck watch: error: {message}\n")
+
+    top = Parser(prog="overlapcheck")
+    register(top.add_subparsers(dest="command", parser_class=Parser))
+    args = top.parse_args(["watch", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"overlapcheck watch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE

@@ -126,3 +126,13 @@ def test_help_and_bad_input_do_not_import_torch(argv):
     p = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True,
                        text=True, cwd=ROOT)
     assert p.stdout.strip().splitlines()[-1] == "NO-TORCH", p.stderr
+
+
+def test_the_command_alone_as_a_module():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = [sys.executable, "-m", "overlapcheck.watch"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no program" in p.stderr
+    p = subprocess.run(run + ["--device", "cpu", "--", "python", RACY], capture_output=True,
+                       text=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 1 and "race (host-read-before-copy)" in p.stderr
