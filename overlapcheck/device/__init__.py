@@ -5,19 +5,58 @@
 from __future__ import annotations
 
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict
 
 from .. import seeds
 from .sched import STRATEGIES, Diverged, Replay, Strategy, make_strategy
 
-DEVICES = ("sim", "cuda")
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a device backend can do, known without building it (the runtime it builds
+    carries the same flags: ``Runtime``)."""
+
+    name: str
+    runtime: str          # "module:Class"
+    replayable: bool      # decisions recorded; a repro's choices replay exactly
+    host_flags: bool      # device work can wait on host flags (logical tensor-parallel ranks)
+    cpu_work: bool        # device work is CPU tensor ops: one intra-op thread is best
+    gpu: bool             # a real accelerator (needs CUDA)
+    collective: str       # torch.distributed backend of real tensor-parallel ranks
+
+
+ACCESS_MODES = ("infer", "declared")   # how the detector learns a launch's accesses
+
+DEVICES: Dict[str, DeviceInfo] = {
+    "sim": DeviceInfo("sim", "overlapcheck.device.sim:SimRuntime", replayable=True,
+                      host_flags=True, cpu_work=True, gpu=False, collective="gloo"),
+    "cuda": DeviceInfo("cuda", "overlapcheck.device.cuda:CudaRuntime", replayable=False,
+                       host_flags=False, cpu_work=False, gpu=True, collective="nccl"),
+}
+
+
+def device_info(name: str) -> DeviceInfo:
+    """The backend called ``name`` (``ValueError``, one line, for an unknown one)."""
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})") from None
+
+
+def check_available(name: str) -> None:
+    """``RuntimeError`` (one line) when the backend cannot run on this machine."""
+    if device_info(name).gpu:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {name} needs a CUDA GPU and a CUDA build of torch")
 
 if TYPE_CHECKING:
     from .api import Runtime
 
 # the runtime and buffers need torch: imported on first use, so that the command line
 # answers `--help` and usage errors without loading torch
-_LAZY = {**dict.fromkeys(("ACCESS_MODES", "AnnotationError", "DuplicateWriteError", "Event",
+_LAZY = {**dict.fromkeys(("AnnotationError", "DuplicateWriteError", "Event",
                           "RaceError", "Runtime", "Stream", "StuckWait"), "api"),
          **dict.fromkeys(("DEVICE", "PAGEABLE", "PINNED", "Buffer", "Region", "is_poison",
                           "poison_value"), "buffers")}
@@ -29,7 +68,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
+__all__ = ["make_runtime", "device_info", "check_available", "DeviceInfo", "Runtime", "Stream", "Event", "Buffer", "Region",
            "AnnotationError", "DuplicateWriteError", "RaceError", "StuckWait", "Diverged", "Replay", "Strategy",
            "DEVICES", "STRATEGIES", "ACCESS_MODES", "DEVICE", "PINNED", "PAGEABLE",
            "is_poison", "poison_value"]
@@ -38,16 +77,17 @@ __all__ = ["make_runtime", "Runtime", "Stream", "Event", "Buffer", "Region",
 def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: bool = True,
                  access: str = "infer", on_race: str = "collect", graphs: bool = False) -> "Runtime":
     """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
-    (sim only); its randomness is the ``schedule`` sub-stream of ``seed``. ``graphs``
-    (cuda, detector off): the engine's model calls replay from CUDA graphs."""
-    if graphs and device != "cuda":
-        raise ValueError(f"CUDA graphs need the cuda device, not {device!r}")
-    if device == "sim":
-        from .sim import SimRuntime
+    (used by replayable backends: the sim); its randomness is the ``schedule``
+    sub-stream of ``seed``. ``graphs`` (a GPU backend, detector off): the engine's
+    model calls replay from CUDA graphs."""
+    import importlib
+    info = device_info(device)
+    if graphs and not info.gpu:
+        raise ValueError(f"CUDA graphs need a GPU device, not {device!r}")
+    module, cls = info.runtime.split(":")
+    runtime = getattr(importlib.import_module(module), cls)
+    if info.replayable:
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, seeds.stream(seed, "schedule"))
-        return SimRuntime(strategy, detect=detect, access=access, on_race=on_race)
-    if device == "cuda":
-        from .cuda import CudaRuntime
-        return CudaRuntime(detect=detect, access=access, on_race=on_race, graphs=graphs)
-    raise ValueError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        return runtime(strategy, detect=detect, access=access, on_race=on_race)
+    return runtime(detect=detect, access=access, on_race=on_race, graphs=graphs)

@@ -27,10 +27,9 @@ import sys
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..race import Detector, OpInfo, RaceReport
-from .buffers import PAGEABLE, PINNED, Buffer, as_region
+from . import ACCESS_MODES
+from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, as_region
 from .infer import AccessSet, InferMode
-
-ACCESS_MODES = ("infer", "declared")
 
 
 class AnnotationError(Exception):
@@ -120,12 +119,33 @@ class Event:
 
 
 class Runtime:
-    """Backend-independent part: buffer registry, detector feeding, access
-    inference and declaration checks. Subclasses implement the device semantics."""
+    """Backend-independent part: the public operations, buffer registry, detector
+    feeding, access inference and declaration checks. A backend implements only the
+    raw device semantics (the ``_raw_*`` hooks and allocation) and says what it can
+    do through capability flags; callers ask those, never the backend's name.
+
+    Capabilities:
+
+    * ``replayable``: device work is deferred and every scheduling decision is
+      recorded in ``choices``; ``Replay(choices)`` reruns a run exactly (sim).
+    * ``host_flags``: device work can wait on a host flag (``new_flag``/``wait_flag``),
+      as logical tensor-parallel ranks need (sim).
+    * ``cpu_work``: device work runs as CPU tensor ops: one intra-op thread is best.
+    * ``exact_rows``: access inference sees index values (sim: they live on the host).
+    * ``gpu``: a real accelerator runs the work.
+    * ``graphs``: model calls replay from CUDA graphs (cuda, detector off).
+
+    The detector is fed here and only here: every op queued on a stream takes a clock
+    from ``det.enqueue`` at the host call that queues it, so the verdict follows the
+    host's issue order on both backends, whatever the device really did."""
 
     backend = "?"
-    exact_rows = False  # can inference see index values (sim: yes)
-    graphs = False      # model calls replay from CUDA graphs (cuda, detector off)
+    replayable = False
+    host_flags = False
+    cpu_work = False
+    exact_rows = False
+    gpu = False
+    graphs = False
 
     def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect"):
         if access not in ACCESS_MODES:
@@ -141,6 +161,7 @@ class Runtime:
         self._events = 0
         self.syncs = 0           # host synchronizations so far
         self.launches = 0
+        self.choices: List[int] = []   # recorded scheduling decisions (replayable backends)
 
     # -- reports ---------------------------------------------------------------------
     @property
@@ -150,6 +171,17 @@ class Runtime:
     def _raise_on(self, rep: Optional[RaceReport]) -> None:
         if rep is not None and self.on_race == "raise":
             raise RaceError(rep)
+
+    def _point(self) -> None:
+        """A host runtime call: a choice point on a backend that schedules device work
+        itself (the sim); nothing on a real device."""
+
+    def _clock(self, stream: Stream):
+        """The detector clock of an op the host queues on ``stream`` now."""
+        return self.det.enqueue(stream.ctx) if self.det is not None else None
+
+    def _info(self, name: str, is_copy: bool = False) -> OpInfo:
+        return OpInfo(name, user_frame(3) if self.det is not None else "?", is_copy=is_copy)
 
     # -- streams and events ----------------------------------------------------------
     def new_stream(self, name: str) -> Stream:
@@ -161,6 +193,53 @@ class Runtime:
     def new_event(self, name: str = "event") -> Event:
         self._events += 1
         return Event(self, name, self._events, self._raw_event())
+
+    def _record(self, event: Event, stream: Stream) -> None:
+        self._point()
+        event.last = self._raw_record(event, stream, self._clock(stream))
+        if self.det is not None:
+            self.det.record(stream.ctx, event.id)
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        self._point()
+        if event.last is None:
+            return  # CUDA: waiting on a never-recorded event is a no-op
+        self._raw_wait(stream, event, self._clock(stream))
+        if self.det is not None:
+            self.det.wait(stream.ctx, event.id)
+
+    def _query(self, event: Event) -> bool:
+        self._point()
+        if event.last is None:
+            return True   # CUDA: a never-recorded event has completed
+        done = self._raw_query(event)
+        if done and self.det is not None:
+            self.det.host_sync_event(event.id)
+        return done
+
+    def _sync_event(self, event: Event) -> None:
+        self._point()
+        self.syncs += 1
+        if event.last is None:
+            return
+        self._raw_sync_event(event)
+        if self.det is not None:
+            self.det.host_sync_event(event.id)
+
+    def _sync_stream(self, stream: Stream) -> None:
+        self._point()
+        self.syncs += 1
+        self._raw_sync_stream(stream, f"host synchronize on stream '{stream.name}'")
+        if self.det is not None:
+            self.det.host_sync_stream(stream.ctx)
+
+    def synchronize(self) -> None:
+        """Host waits for all device work."""
+        self._point()
+        self.syncs += 1
+        self._raw_sync_all()
+        if self.det is not None:
+            self.det.host_sync_all()
 
     # -- buffers ---------------------------------------------------------------------
     def _register(self, buf: Buffer) -> Buffer:
@@ -194,6 +273,64 @@ class Runtime:
         owner's first accesses are checked against the previous owner's last ones."""
         if self.det is not None:
             self.det.transfer(buf.mem, rows, owner)
+
+    # -- device work -------------------------------------------------------------------
+    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
+               writes=None, **kwargs) -> None:
+        """Queue ``fn(*args, **kwargs)`` on ``stream``. ``reads``/``writes`` declare its
+        accesses (buffers or ``buf.rows(...)`` regions)."""
+        self._point()
+        self.launches += 1
+        info = self._info(name or getattr(fn, "__name__", "kernel"))
+        declared = self._declared(reads, writes) if self.det is not None else None
+        self._raw_launch(stream, fn, args, kwargs, info, declared, self._clock(stream))
+
+    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
+             name: Optional[str] = None) -> None:
+        """``dst <- src`` in ``stream`` order. Asynchronous for the host only when
+        ``non_blocking`` and the host side is pinned, or device to device; a blocking
+        copy is a host synchronization."""
+        self._point()
+        if dst.space != DEVICE and src.space != DEVICE:
+            raise ValueError("copy between two host buffers: use host_write")
+        host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
+        blocking = host is not None and not (non_blocking and host.space == PINNED)
+        info = self._info(name or f"copy {src.name}->{dst.name}", is_copy=True)
+        if src.mem == dst.mem:
+            table = {src.mem: [src, None, None]}
+        else:
+            table = {src.mem: [src, None, frozenset()], dst.mem: [dst, frozenset(), None]}
+        self._raw_copy(dst, src, stream, blocking, info, table, self._clock(stream))
+        if blocking:
+            self.syncs += 1
+            self._raw_sync_stream(stream, "a blocking host call")
+            if self.det is not None:
+                self.det.host_sync_stream(stream.ctx)
+
+    # -- host accessors ----------------------------------------------------------------
+    def to_host(self, buf: Buffer, stream: Stream):
+        """A blocking device-to-host read of ``buf`` in ``stream`` order."""
+        check_space(buf, (DEVICE,), "to_host")
+        self._point()
+        info = self._info(f"to_host {buf.name}", is_copy=True)
+        out = self._raw_to_host(buf, stream, info, {buf.mem: [buf, None, frozenset()]},
+                                self._clock(stream))
+        self.syncs += 1
+        self._raw_sync_stream(stream, "a blocking host call")
+        if self.det is not None:
+            self.det.host_sync_stream(stream.ctx)
+        return out
+
+    def host_view(self, buf: Buffer, rows=None):
+        """The host reads a pinned or pageable buffer as it is now (a copy)."""
+        self._point()
+        return self._read_rows(buf, self._host_rows(buf, rows, False, "host_view"))
+
+    def host_write(self, buf: Buffer, values, rows=None) -> None:
+        """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
+        self._point()
+        self._host_rows(buf, rows, True, "host_write")
+        self._write_rows(buf, values, rows)
 
     # -- access feeding --------------------------------------------------------------
     @staticmethod
@@ -251,8 +388,7 @@ class Runtime:
             if w is None or w:
                 self._raise_on(det.access(ctx, buf.mem, True, w, op, clock))
 
-    def _run_closure(self, fn, args, kwargs, name: str, declared, ctx: int, clock,
-                     op: OpInfo):
+    def _run_closure(self, fn, args, kwargs, declared, ctx: int, clock, op: OpInfo):
         """Run ``fn`` (with interception when needed) and feed its accesses."""
         if self.det is None:
             return fn(*args, **kwargs)
@@ -264,11 +400,11 @@ class Runtime:
         with mode:
             out = fn(*args, **kwargs)
         if mode.acc.hazards:
-            raise DuplicateWriteError(f"launch '{name}': indexed write into "
+            raise DuplicateWriteError(f"launch '{op.name}': indexed write into "
                                       f"{mode.acc.hazards[0]}; its result depends on the "
                                       f"order duplicates land in (unspecified on CUDA)")
         if declared is not None:
-            self._check_declared(mode.acc, declared, name)
+            self._check_declared(mode.acc, declared, op.name)
         self._feed(ctx, clock, op, mode.acc, declared)
         return out
 
@@ -294,13 +430,20 @@ class Runtime:
 
     def _host_access(self, buf: Buffer, write: bool, rows, name: str) -> None:
         if self.det is not None:
-            op = OpInfo(name, user_frame(3))
+            op = OpInfo(name, user_frame(4))
             self._raise_on(self.det.access(0, buf.mem, write, rows, op))
 
     def graph_cache(self):
         """A ``device.graphs.GraphCache`` over the device buffers that exist now (the
         engine's long-lived ones); only where ``graphs`` is on."""
         raise RuntimeError(f"the {self.backend} runtime has no CUDA graphs")
+
+    def new_flag(self, name: str):
+        """A host flag device work can wait on (``host_flags`` backends only)."""
+        raise RuntimeError(f"the {self.backend} runtime has no host flags")
+
+    def wait_flag(self, stream: Stream, flag) -> None:
+        raise RuntimeError(f"the {self.backend} runtime has no host flags")
 
     # -- backend hooks -----------------------------------------------------------------
     def _raw_stream(self, name):
@@ -311,6 +454,41 @@ class Runtime:
 
     def _raw_record_stream(self, buf, stream):
         pass
+
+    def _raw_record(self, event: Event, stream: Stream, clock):
+        """Record ``event`` on ``stream``; returns the handle ``event.last`` keeps."""
+        raise NotImplementedError
+
+    def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
+        raise NotImplementedError
+
+    def _raw_query(self, event: Event) -> bool:
+        raise NotImplementedError
+
+    def _raw_sync_event(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def _raw_sync_stream(self, stream: Stream, why: str) -> None:
+        """Block the host until ``stream``'s queued work is done (``why``: the host
+        call, for a report of a wait that can never complete)."""
+        raise NotImplementedError
+
+    def _raw_sync_all(self) -> None:
+        raise NotImplementedError
+
+    def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
+        """Queue (or run in stream order) ``fn``; with the detector on, its accesses go
+        through ``_run_closure`` with ``clock``."""
+        raise NotImplementedError
+
+    def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
+                  info: OpInfo, table: dict, clock) -> None:
+        raise NotImplementedError
+
+    def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
+        """Queue the copy of ``buf`` to a new host tensor and return that tensor (valid
+        once the caller has synchronized ``stream``)."""
+        raise NotImplementedError
 
 
 def _narrow(inferred, declared):

@@ -9,7 +9,6 @@ import torch
 DEVICE = "device"
 PINNED = "pinned"
 PAGEABLE = "pageable"
-SPACES = (DEVICE, PINNED, PAGEABLE)
 
 _INT_POISON = {
     torch.int64: -0x5A5A5A5A5A5A5A5B,

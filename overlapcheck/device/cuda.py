@@ -15,18 +15,18 @@ the same memory change owner and checks the reuse.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
 from ..race import OpInfo
-from .api import Event, Runtime, Stream, check_space, user_frame
+from .api import Event, Runtime, Stream
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 
 
 class CudaRuntime(Runtime):
     backend = "cuda"
-    exact_rows = False
+    gpu = True
 
     def __init__(self, detect: bool = True, access: str = "infer", on_race: str = "collect",
                  graphs: bool = False):
@@ -47,44 +47,24 @@ class CudaRuntime(Runtime):
     def _raw_event(self):
         return torch.cuda.Event()
 
-    def _record(self, event: Event, stream: Stream) -> None:
+    def _raw_record(self, event: Event, stream: Stream, clock) -> bool:
         event.raw.record(stream.raw)
-        event.last = True
-        if self.det is not None:
-            self.det.enqueue(stream.ctx)
-            self.det.record(stream.ctx, event.id)
+        return True
 
-    def _wait_event(self, stream: Stream, event: Event) -> None:
-        if event.last is None:
-            return  # a wait on a never-recorded event is a no-op
+    def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
         stream.raw.wait_event(event.raw)
-        if self.det is not None:
-            self.det.enqueue(stream.ctx)
-            self.det.wait(stream.ctx, event.id)
 
-    def _query(self, event: Event) -> bool:
-        done = event.raw.query()
-        if done and event.last is not None and self.det is not None:
-            self.det.host_sync_event(event.id)
-        return done
+    def _raw_query(self, event: Event) -> bool:
+        return event.raw.query()
 
-    def _sync_event(self, event: Event) -> None:
-        self.syncs += 1
+    def _raw_sync_event(self, event: Event) -> None:
         event.raw.synchronize()
-        if self.det is not None:
-            self.det.host_sync_event(event.id)
 
-    def _sync_stream(self, stream: Stream) -> None:
-        self.syncs += 1
+    def _raw_sync_stream(self, stream: Stream, why: str) -> None:
         stream.raw.synchronize()
-        if self.det is not None:
-            self.det.host_sync_stream(stream.ctx)
 
-    def synchronize(self) -> None:
-        self.syncs += 1
+    def _raw_sync_all(self) -> None:
         torch.cuda.synchronize()
-        if self.det is not None:
-            self.det.host_sync_all()
 
     # -- buffers ---------------------------------------------------------------------
     def _mem_for(self, t: torch.Tensor) -> object:
@@ -127,60 +107,21 @@ class CudaRuntime(Runtime):
             buf.t.record_stream(stream.raw)
 
     # -- device work -------------------------------------------------------------------
-    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
-               writes=None, **kwargs) -> None:
-        self.launches += 1
-        if self.det is None:
-            with torch.cuda.stream(stream.raw):
-                fn(*args, **kwargs)
-            return
-        clock = self.det.enqueue(stream.ctx)
-        info = OpInfo(name or getattr(fn, "__name__", "kernel"), user_frame())
+    def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
+        """Run ``fn`` now under ``torch.cuda.stream``: its kernels queue on ``stream``."""
         with torch.cuda.stream(stream.raw):
-            self._run_closure(fn, args, kwargs, info.name, self._declared(reads, writes),
-                              stream.ctx, clock, info)
+            self._run_closure(fn, args, kwargs, declared, stream.ctx, clock, info)
 
-    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
-             name: Optional[str] = None) -> None:
-        if dst.space != DEVICE and src.space != DEVICE:
-            raise ValueError("copy between two host buffers: use host_write")
-        host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
-        blocking = host is not None and not (non_blocking and host.space == PINNED)
+    def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
+                  info: OpInfo, table: dict, clock) -> None:
         with torch.cuda.stream(stream.raw):
             dst.t.copy_(src.t, non_blocking=not blocking)
         if self.det is not None:
-            clock = self.det.enqueue(stream.ctx)
-            info = OpInfo(name or f"copy {src.name}->{dst.name}", user_frame(), is_copy=True)
-            if src.mem == dst.mem:
-                table = {src.mem: [src, None, None]}
-            else:
-                table = {src.mem: [src, None, frozenset()], dst.mem: [dst, frozenset(), None]}
             self._feed(stream.ctx, clock, info, None, table)
-        if blocking:
-            self.syncs += 1
-            stream.raw.synchronize()
-            if self.det is not None:
-                self.det.host_sync_stream(stream.ctx)
 
-    # -- host accessors ----------------------------------------------------------------
-    def to_host(self, buf: Buffer, stream: Stream) -> torch.Tensor:
-        check_space(buf, (DEVICE,), "to_host")
-        self.syncs += 1
+    def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         with torch.cuda.stream(stream.raw):
             out = buf.t.to("cpu")
-        stream.raw.synchronize()
         if self.det is not None:
-            clock = self.det.enqueue(stream.ctx)
-            info = OpInfo(f"to_host {buf.name}", user_frame(), is_copy=True)
-            self._feed(stream.ctx, clock, info, None, {buf.mem: [buf, None, frozenset()]})
-            self.det.host_sync_stream(stream.ctx)
+            self._feed(stream.ctx, clock, info, None, table)
         return out
-
-    def host_view(self, buf: Buffer, rows=None) -> torch.Tensor:
-        """The host reads a pinned or pageable buffer as it is now (a copy)."""
-        return self._read_rows(buf, self._host_rows(buf, rows, False, "host_view"))
-
-    def host_write(self, buf: Buffer, values, rows=None) -> None:
-        """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
-        self._host_rows(buf, rows, True, "host_write")
-        self._write_rows(buf, values, rows)

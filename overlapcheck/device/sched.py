@@ -24,6 +24,7 @@ class Diverged(Exception):
 
 class Strategy:
     name = "?"
+    seeded = False     # built from a seeded ``random.Random``
 
     def new_point(self) -> None:
         """Called once at the start of each choice point."""
@@ -48,6 +49,7 @@ class Random(Strategy):
     """Stop with a per-run probability, else retire a uniformly chosen ready head."""
 
     name = "random"
+    seeded = True
 
     def __init__(self, rng: random.Random):
         self.rng = rng
@@ -70,6 +72,7 @@ class PCT(Strategy):
     lowest priority."""
 
     name = "pct"
+    seeded = True
 
     def __init__(self, rng: random.Random, depth: int = 3, horizon: int = 200):
         self.rng = rng
@@ -107,6 +110,7 @@ class Buggify(Strategy):
     Both probabilities are drawn per run (swarm style)."""
 
     name = "buggify"
+    seeded = True
 
     def __init__(self, rng: random.Random):
         self.rng = rng
@@ -222,18 +226,19 @@ class Script(Strategy):
         return c
 
 
-STRATEGIES = ("eager", "random", "pct", "buggify")
+# name -> class of the named strategies a run or a case can ask for (the rest — stalls,
+# replay, draw, script — are built from data, not from a name)
+NAMED: Dict[str, type] = {"eager": Eager, "random": Random, "pct": PCT, "buggify": Buggify}
+STRATEGIES = tuple(NAMED)
+SEEDED = tuple(n for n, c in NAMED.items() if c.seeded)   # those that draw from their rng
 
 
 def make_strategy(name: str, rng: Optional[random.Random] = None) -> Strategy:
-    if name == "eager":
-        return Eager()
+    cls = NAMED.get(name)
+    if cls is None:
+        raise ValueError(f"unknown schedule strategy {name!r} (choose from {', '.join(STRATEGIES)})")
+    if not cls.seeded:
+        return cls()
     if rng is None:
         raise ValueError(f"strategy {name!r} needs a seeded rng")
-    if name == "random":
-        return Random(rng)
-    if name == "pct":
-        return PCT(rng)
-    if name == "buggify":
-        return Buggify(rng)
-    raise ValueError(f"unknown schedule strategy {name!r} (choose from {', '.join(STRATEGIES)})")
+    return cls(rng)

@@ -23,7 +23,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import torch
 
 from ..race import OpInfo
-from .api import Event, Runtime, Stream, StuckWait, check_space, user_frame
+from .api import Event, Runtime, Stream, StuckWait
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 from .sched import Strategy
 
@@ -73,13 +73,15 @@ class _Queue:
 
 class SimRuntime(Runtime):
     backend = "sim"
+    replayable = True
+    host_flags = True
+    cpu_work = True
     exact_rows = True
 
     def __init__(self, strategy: Strategy, detect: bool = True, access: str = "infer",
                  on_race: str = "collect"):
         super().__init__(detect=detect, access=access, on_race=on_race)
         self.strategy = strategy
-        self.choices: List[int] = []
         self._q: Dict[int, _Queue] = {}
         self._pending = 0
         self._mem = 0
@@ -163,22 +165,18 @@ class SimRuntime(Runtime):
         q.ret += 1
         self._pending -= 1
         if op.kind == KERNEL:
-            self._run_closure(op.fn, op.args, op.kwargs, op.info.name, op.declared,
-                              s.ctx, op.clock, op.info)
+            self._run_closure(op.fn, op.args, op.kwargs, op.declared, s.ctx, op.clock, op.info)
         elif op.kind == COPY:
             dst, src = op.args
             dst.t.copy_(src.t)
             if self.det is not None:
-                self._feed(s.ctx, op.clock, op.info, None,
-                           {src.mem: [src, None, frozenset()], dst.mem: [dst, frozenset(), None]}
-                           if src.mem != dst.mem else {src.mem: [src, None, None]})
+                self._feed(s.ctx, op.clock, op.info, None, op.declared)
         op.retired = True
         if self.trace:
             self.retired.append((s.name, op.info.name if op.info else op.kind, self.calls))
 
-    def _enqueue(self, s: Stream, kind: str, **kw) -> _Op:
+    def _enqueue(self, s: Stream, kind: str, clock, **kw) -> _Op:
         q = self._q[s.ctx]
-        clock = self.det.enqueue(s.ctx) if self.det is not None else None
         op = _Op(kind, s, q.enq, clock=clock, **kw)
         q.enq += 1
         q.ops.append(op)
@@ -191,58 +189,29 @@ class SimRuntime(Runtime):
         self._q[s.ctx] = _Queue()
         return s
 
-    def _record(self, event: Event, stream: Stream) -> None:
-        self._point()
-        event.last = self._enqueue(stream, RECORD, info=OpInfo(f"record {event.name}"))
-        if self.det is not None:
-            self.det.record(stream.ctx, event.id)
+    def _raw_record(self, event: Event, stream: Stream, clock) -> _Op:
+        return self._enqueue(stream, RECORD, clock, info=OpInfo(f"record {event.name}"))
 
-    def _wait_event(self, stream: Stream, event: Event) -> None:
-        self._point()
-        if event.last is None:
-            return  # CUDA: waiting on a never-recorded event is a no-op
-        self._enqueue(stream, WAIT, bound=event.last, info=OpInfo(f"wait {event.name}"))
-        if self.det is not None:
-            self.det.wait(stream.ctx, event.id)
+    def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
+        self._enqueue(stream, WAIT, clock, bound=event.last, info=OpInfo(f"wait {event.name}"))
 
-    def _query(self, event: Event) -> bool:
-        self._point()
+    def _raw_query(self, event: Event) -> bool:
         rec = event.last
-        if rec is None:
-            return True
         if not rec.retired:
             return False
         q = self._q[rec.stream.ctx]
         q.known = max(q.known, rec.seq + 1)
-        if self.det is not None:
-            self.det.host_sync_event(event.id)
         return True
 
-    def _sync_event(self, event: Event) -> None:
-        self._point()
-        self.syncs += 1
+    def _raw_sync_event(self, event: Event) -> None:
         rec = event.last
-        if rec is None:
-            return
         self._drain({rec.stream.ctx: rec.seq + 1}, f"host synchronize on event '{event.name}'")
-        if self.det is not None:
-            self.det.host_sync_event(event.id)
 
-    def _sync_stream(self, stream: Stream) -> None:
-        self._point()
-        self.syncs += 1
-        self._drain({stream.ctx: self._q[stream.ctx].enq},
-                    f"host synchronize on stream '{stream.name}'")
-        if self.det is not None:
-            self.det.host_sync_stream(stream.ctx)
+    def _raw_sync_stream(self, stream: Stream, why: str) -> None:
+        self._drain({stream.ctx: self._q[stream.ctx].enq}, why)
 
-    def synchronize(self) -> None:
-        """Host waits for all device work."""
-        self._point()
-        self.syncs += 1
+    def _raw_sync_all(self) -> None:
         self._drain({s.ctx: self._q[s.ctx].enq for s in self.streams}, "host device synchronize")
-        if self.det is not None:
-            self.det.host_sync_all()
 
     def new_flag(self, name: str) -> HostFlag:
         """A host flag, unset (see ``HostFlag``)."""
@@ -252,7 +221,8 @@ class SimRuntime(Runtime):
         """``stream``'s later work waits until the host sets ``flag``."""
         self._point()
         if not flag.retired:
-            self._enqueue(stream, WAIT, bound=flag, info=OpInfo(f"wait {flag.name}"))
+            self._enqueue(stream, WAIT, self._clock(stream), bound=flag,
+                          info=OpInfo(f"wait {flag.name}"))
 
     # -- buffers ---------------------------------------------------------------------
     def _fresh(self, shape, dtype, space: str) -> Tuple[torch.Tensor, int]:
@@ -297,56 +267,17 @@ class SimRuntime(Runtime):
             self._pool.setdefault(key, []).append((buf.t.reshape(-1), buf.mem, pledges))
 
     # -- device work -------------------------------------------------------------------
-    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
-               writes=None, **kwargs) -> None:
-        """Queue ``fn(*args, **kwargs)`` on ``stream``; it runs when the stream retires it."""
-        self._point()
-        self.launches += 1
-        info = OpInfo(name or getattr(fn, "__name__", "kernel"),
-                      user_frame() if self.det is not None else "?")
-        self._enqueue(stream, KERNEL, fn=fn, args=args, kwargs=kwargs, info=info,
-                      declared=self._declared(reads, writes))
+    def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
+        """Queue ``fn``; it runs when the stream retires it."""
+        self._enqueue(stream, KERNEL, clock, fn=fn, args=args, kwargs=kwargs, info=info,
+                      declared=declared)
 
-    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
-             name: Optional[str] = None) -> None:
-        """``dst <- src`` in ``stream`` order. Asynchronous for the host only when
-        ``non_blocking`` and the host side is pinned, or device to device."""
-        self._point()
-        if dst.space != DEVICE and src.space != DEVICE:
-            raise ValueError("copy between two host buffers: use host_write")
-        host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
-        info = OpInfo(name or f"copy {src.name}->{dst.name}",
-                      user_frame() if self.det is not None else "?", is_copy=True)
-        op = self._enqueue(stream, COPY, args=(dst, src), info=info)
-        if host is not None and not (non_blocking and host.space == PINNED):
-            self.syncs += 1
-            self._drain({stream.ctx: op.seq + 1})
-            if self.det is not None:
-                self.det.host_sync_stream(stream.ctx)
+    def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
+                  info: OpInfo, table: dict, clock) -> None:
+        self._enqueue(stream, COPY, clock, args=(dst, src), info=info, declared=table)
 
-    # -- host accessors ----------------------------------------------------------------
-    def to_host(self, buf: Buffer, stream: Stream) -> torch.Tensor:
-        """A blocking device-to-host read of ``buf`` in ``stream`` order."""
-        check_space(buf, (DEVICE,), "to_host")
-        self._point()
+    def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)
-        info = OpInfo(f"to_host {buf.name}", user_frame() if self.det is not None else "?",
-                      is_copy=True)
-        op = self._enqueue(stream, KERNEL, fn=out.copy_, args=(buf.t,), info=info,
-                           declared={buf.mem: [buf, None, frozenset()]})
-        self.syncs += 1
-        self._drain({stream.ctx: op.seq + 1})
-        if self.det is not None:
-            self.det.host_sync_stream(stream.ctx)
+        self._enqueue(stream, KERNEL, clock, fn=out.copy_, args=(buf.t,), info=info,
+                      declared=table)
         return out
-
-    def host_view(self, buf: Buffer, rows=None) -> torch.Tensor:
-        """The host reads a pinned or pageable buffer as it is now (a copy)."""
-        self._point()
-        return self._read_rows(buf, self._host_rows(buf, rows, False, "host_view"))
-
-    def host_write(self, buf: Buffer, values, rows=None) -> None:
-        """The host writes a pinned or pageable buffer (all of it, or ``rows``)."""
-        self._point()
-        self._host_rows(buf, rows, True, "host_write")
-        self._write_rows(buf, values, rows)

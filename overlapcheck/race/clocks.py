@@ -28,9 +28,3 @@ def join_into(dst: Clock, src: Clock) -> None:
 
 def get(clock: Clock, ctx: CtxId) -> int:
     return clock[ctx] if ctx < len(clock) else 0
-
-
-def happens_before(ctx: CtxId, epoch: Epoch, later: Clock) -> bool:
-    """True when the access made by ``ctx`` at ``epoch`` is ordered before a point
-    whose clock is ``later``."""
-    return get(later, ctx) >= epoch
