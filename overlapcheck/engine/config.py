@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..faults import check_names
+from .drafts import check_kind
 
-DRAFT_KINDS = ("standalone", "eagle", "mtp")   # drafts.DRAFTERS
 RESERVE_RULES = ("double", "exact")
 MODELS = ("oracle", "oracle-hostlens", "tiny")   # oracle-hostlens: its draft reads seq_lens_cpu
 
@@ -30,9 +30,9 @@ class EngineConfig:
       public engines do); ``exact`` reserves (k+1) per unprocessed batch plus one step.
     * ``overlap``: run the host one batch ahead of the device; ``spec``: speculative
       decoding (off: one token per decode step).
-    * ``draft_kind``: ``standalone`` (a draft model with its own KV), ``eagle`` (a head
-      on the target's hidden states, its own one-layer KV) or ``mtp`` (frozen-KV: reads
-      the target KV, none of its own); ``model``: ``oracle``, ``oracle-hostlens`` (its
+    * ``draft_kind``: a kind of ``drafts.DRAFT_KINDS``: ``standalone`` (a draft model
+      with its own KV), ``eagle`` (a head on the target's hidden states, its own
+      one-layer KV) or ``mtp`` (frozen-KV: reads the target KV, none of its own); ``model``: ``oracle``, ``oracle-hostlens`` (its
       draft reads the host's sequence lengths), ``tiny``, ``trained``, ``hf:DIR`` or
       ``random:NAME`` (the form is checked here; ``fake_models.make_model`` resolves it).
     * ``verify_sync``: the attention metadata needs the batch's total sequence length
@@ -93,8 +93,7 @@ class EngineConfig:
              f"plus the padding page ({self.page_size})")
         need(self.draft_reserve in RESERVE_RULES,
              f"draft_reserve must be one of {', '.join(RESERVE_RULES)}, got {self.draft_reserve!r}")
-        need(self.draft_kind in DRAFT_KINDS,
-             f"draft_kind must be one of {', '.join(DRAFT_KINDS)}, got {self.draft_kind!r}")
+        check_kind(self.draft_kind)
         need(isinstance(self.model, str) and (self.model in MODELS + ("trained",) or (
             self.model.startswith(("hf:", "random:")) and self.model.split(":", 1)[1] != "")),
              f"model must be one of {', '.join(MODELS)}, trained, hf:DIR or random:NAME, "
@@ -107,15 +106,6 @@ class EngineConfig:
     def step_tokens(self) -> int:
         """KV positions one decode step writes: k+1 with spec, 1 without."""
         return self.spec_steps + 1 if self.spec else 1
-
-    @property
-    def decode_purpose(self) -> str:
-        """Ledger purpose of a decode step's reserve: ``decode`` without spec; ``draft``
-        when the reserved slots hold target and draft KV of draft tokens; ``verify`` for
-        frozen-KV MTP, whose reserve holds only the target KV the verify writes."""
-        if not self.spec:
-            return "decode"
-        return "verify" if self.draft_kind == "mtp" else "draft"
 
     @property
     def margin(self) -> int:

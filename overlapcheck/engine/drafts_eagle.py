@@ -95,6 +95,7 @@ class EagleDraft:
     """The EAGLE-style draft kind (``--draft eagle``)."""
 
     kind = "eagle"
+    owns_kv = True
     kv = None   # no standalone draft KV for the prefill to fill
 
     def __init__(self, dev, model):

@@ -15,7 +15,7 @@ Memory rule, made explicit (the engine's own, nothing draft-specific):
 * no draft KV buffer: nothing is allocated, written or freed for the draft;
 * the decode reserve is the engine's (``EngineConfig.draft_reserve``); its slots hold
   the *target's* KV of the verified tokens, so the ledger labels them ``verify``
-  (``EngineConfig.decode_purpose``) instead of ``draft``;
+  (``owns_kv`` False: ``Scheduler.decode_purpose``) instead of ``draft``;
 * rejected positions stay between committed and allocated, are overwritten by the
   next verify and are released with the request (never freed per step): the
   verify-side free that races the tear-down in the frozen-KV MTP seed has no
@@ -63,6 +63,7 @@ class MTPDraft:
     """The frozen-KV MTP draft kind (``--draft mtp``)."""
 
     kind = "mtp"
+    owns_kv = False
     kv = None   # no draft KV at all
 
     def __init__(self, dev, model):

@@ -59,7 +59,7 @@ class DraftRounds:
         self.on = cfg.spec and cfg.zero_bubble
         self.k, self.step, self.ps = cfg.spec_steps, cfg.step_tokens, cfg.page_size
         self.host_lens = bool(getattr(model, "reads_host_lens", False))
-        self.stale = FaultSet(cfg.faults).on("seq-lens-cpu-stale")
+        self.faults = FaultSet(cfg.faults)
         self.predrafted: Set[int] = set()      # requests whose next round is in the FutureMap
         self._now: List[int] = []              # this launch's NOW and AHEAD columns
         self._ahead: List[int] = []
@@ -96,7 +96,8 @@ class DraftRounds:
             self.predrafted.add(r.rid)
         else:
             self.predrafted.discard(r.rid)
-        hnext = hlen if self.stale else hlen + self.step   # fault: not refreshed for it
+        stale = self.faults.on("seq-lens-cpu-stale")
+        hnext = hlen if stale else hlen + self.step   # fault: not refreshed for it
         return [now, int(ahead), hlen, hnext]
 
     # -- device ----------------------------------------------------------------------------

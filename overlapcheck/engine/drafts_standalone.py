@@ -1,15 +1,5 @@
-"""Draft kinds. Each drafter owns its draft-side buffers and enqueues its part of a
-prefill (``launch_prefill``), the draft steps of one round (``launch_drafts``: at a
-decode's start, or with zero bubble the next round's after the draft-extend; see
-``drafts_round``) and the draft-extend of one decode batch; the worker does the rest.
-``ahead_writes``: the positions from a round's start length at which its draft steps
-write KV (the decode reserve must also cover them when the round is pre-drafted).
-
-``standalone`` is a separate draft model with its own KV (filled by the prefill next to
-the target's); ``eagle`` (``drafts_eagle``) is a one-layer head on the target's hidden
-states with its draft input carried through the FutureMap; ``mtp`` (``drafts_mtp``) is a
-frozen-KV MTP draft that reads the target KV and has none of its own.
-"""
+"""The standalone draft kind: a separate draft model with its own KV, filled by the
+prefill next to the target's (same slot indices as the target)."""
 from __future__ import annotations
 
 from typing import List
@@ -17,14 +7,13 @@ from typing import List
 import torch
 
 from . import kernels as K
-from .drafts_eagle import EagleDraft
-from .drafts_mtp import MTPDraft
 
 
 class StandaloneDraft:
     """A standalone draft model with its own KV (same slot indices as the target)."""
 
     kind = "standalone"
+    owns_kv = True
 
     def __init__(self, dev, model):
         self.dev, self.model = dev, model
@@ -63,13 +52,3 @@ class StandaloneDraft:
                   reads=[kv_s, table_r, meta, dev.drafts, dev.lens, st.out_acc],
                   writes=[kv_s])
         return ["draft_extend"]
-
-
-DRAFTERS = {"standalone": StandaloneDraft, "eagle": EagleDraft, "mtp": MTPDraft}
-
-
-def make_drafter(kind: str, dev, model):
-    try:
-        return DRAFTERS[kind](dev, model)
-    except KeyError:
-        raise ValueError(f"unknown draft kind {kind!r} (choose from {', '.join(DRAFTERS)})") from None

@@ -21,8 +21,8 @@ from .config import EngineConfig
 from .graphs import GraphedModel
 from .results import RequestResult, RunResult, summarize
 from .scheduler import Scheduler
-from .types import (ABORT, ABORTED, DECODE, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
-                    RUNNING, STOP, WAITING, Batch, Request, RequestSpec)
+from .types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING, RUNNING,
+                    STOP, Batch, Request, RequestSpec)
 from .worker import SpecWorker
 
 

@@ -16,9 +16,8 @@ from .config import EngineConfig
 from .types import BatchId, RequestId, Step
 
 PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE = "prefill", "decode", "draft"
-VERIFY_PURPOSE = "verify"   # frozen-KV MTP's decode reserve: target KV only (config.decode_purpose)
+VERIFY_PURPOSE = "verify"   # frozen-KV MTP's decode reserve: target KV only (Scheduler.decode_purpose)
 BACKUP_PURPOSE = "backup"   # host-pool pages holding a request's KV backup (kv_backup)
-PURPOSES = (PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE, VERIFY_PURPOSE, BACKUP_PURPOSE)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from ..faults import FaultSet
 from . import events as E
 from .accounting import Memory
 from .config import EngineConfig
-from .memory import PREFILL_PURPOSE
+from .drafts import drafter_class
+from .memory import DECODE_PURPOSE, DRAFT_PURPOSE, PREFILL_PURPOSE, VERIFY_PURPOSE
 from .types import DECODE, PREFILL, PREFILLING, RUNNING, WAITING, Batch, Entry, Request
 
 
@@ -24,8 +25,15 @@ class Scheduler:
         self.admitted: List[int] = []     # prefilling or running, in admission order
         self.retractions = 0
         self.faults = FaultSet(cfg.faults)
-        # zero bubble: a pre-drafted round's draft KV (none for frozen-KV MTP)
-        zb = cfg.zero_bubble and cfg.spec and cfg.draft_kind != "mtp"
+        drafter = drafter_class(cfg.draft_kind) if cfg.spec else None
+        #: ledger purpose of a decode step's reserve: ``decode`` without spec; ``draft``
+        #: when the reserved slots hold target and draft KV of draft tokens; ``verify``
+        #: when the draft has no KV of its own (they hold only the target KV the verify
+        #: writes)
+        self.decode_purpose = (DECODE_PURPOSE if drafter is None
+                               else DRAFT_PURPOSE if drafter.owns_kv else VERIFY_PURPOSE)
+        # zero bubble: a pre-drafted round's draft KV (none without draft KV)
+        zb = cfg.zero_bubble and drafter is not None and drafter.owns_kv
         self._ahead = cfg.step_tokens if zb else 0
 
     # -- queues ---------------------------------------------------------------------------
@@ -121,7 +129,7 @@ class Scheduler:
 
     def _decode(self, it: int, bid: int) -> Optional[Batch]:
         cands = self._decodable()
-        purpose = self.cfg.decode_purpose
+        purpose = self.decode_purpose
         kv = self.mem.kv
 
         def extra(r):

@@ -14,7 +14,6 @@ Step = int
 # Request states.
 WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
     "waiting", "prefilling", "running", "finished", "aborted")
-STATES = (WAITING, PREFILLING, RUNNING, FINISHED, ABORTED)
 LEGAL = {  # state -> states it may move to
     WAITING: (PREFILLING, ABORTED),
     PREFILLING: (RUNNING, ABORTED),
