@@ -1,9 +1,18 @@
 """Accept figures of a model pair through the engine: the mean accept length and the
 rejections per draft position (a verify that commits ``a <= k`` tokens rejected the
-draft token at position ``a``). ``python -m fake_models.train_pair --report DIR``."""
+draft token at position ``a``), per draft kind.
+
+    python bench/accept_report.py fake_models/weights/trained [--requests 24] [--k 4]
+
+Exit status 0 when the standalone draft's mean accept length is strictly between 1.5
+and k with rejections at every draft position (the pair is worth fuzzing with), 1
+otherwise, 2 on bad input.
+"""
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from typing import Dict, Iterable
 
 
@@ -24,7 +33,8 @@ def measure(model_name: str, k: int = 4, n: int = 24, seed: int = 7, kind: str =
     ``figures`` of every verify."""
     import torch
 
-    from overlapcheck.engine import EngineConfig, generate, run_workload
+    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.run import run_workload
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -41,10 +51,11 @@ def report(path: str, k: int = 4, n: int = 24) -> int:
     """Print the figures of the pair in ``path`` per draft kind; exit status 0 when the
     standalone draft's mean accept length is strictly between 1.5 and ``k`` with
     rejections at every draft position."""
-    from .hf import from_dir
+    from fake_models.hf import from_dir
     model = from_dir(path, "trained")
     ok = True
-    for kind in ("standalone", "eagle", "mtp"):
+    from overlapcheck.engine.drafts import DRAFT_KINDS
+    for kind in DRAFT_KINDS:
         f = measure(f"hf:{path}", k, n, kind=kind, model=model)
         print(json.dumps({"draft_kind": kind, "k": k, **f}))
         if kind == "standalone":
@@ -52,3 +63,21 @@ def report(path: str, k: int = 4, n: int = 24) -> int:
     print("acceptance: " + ("PASS" if ok else "FAIL") + f" (standalone: 1.5 < mean < {k}, "
           "rejections at every position)")
     return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="a model pair directory (target/ and draft/)")
+    ap.add_argument("--requests", type=int, default=24, help="requests of the run (default 24)")
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per verify (default 4)")
+    args = ap.parse_args(argv)
+    from fake_models.hf import ModelError
+    try:
+        return report(args.dir, k=args.k, n=args.requests)
+    except ModelError as e:
+        print(f"accept_report: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ import torch
 
 from fake_models import OracleModel
 from invariants import make_checkers
-from invariants.drive import Monitor, reference_run
+from overlapcheck.run import Case, Monitor, reference_run
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 
@@ -52,7 +52,7 @@ def main() -> None:
     for label, cfg in (("overlap + spec", EngineConfig()),
                        ("overlap, no spec", EngineConfig(spec=False))):
         wl = generate(args.seed, args.requests, cfg)
-        ref = reference_run(cfg, wl)
+        ref = reference_run(Case(cfg, wl))
         run(cfg, generate(args.seed, 2, cfg), args.seed, None)          # warm-up
         plain = min(run(cfg, wl, args.seed, None) for _ in range(args.repeat))
         best, timed = None, None

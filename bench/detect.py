@@ -1,4 +1,4 @@
-"""Detection bench: every bug-zoo fault found from a cold start (DESIGN §8).
+"""Detection bench: every bug-zoo fault found from a cold start (docs/design.md §8).
 
 For every fault, ``--runs`` cold-start campaigns (different seeds, all checkers on,
 no example database) with that one fault switched on; per fault: how many campaigns

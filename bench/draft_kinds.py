@@ -14,8 +14,9 @@ import torch
 from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
-KINDS = ("standalone", "eagle", "mtp")
+KINDS = tuple(DRAFT_KINDS)
 
 
 def measure(cfg, wl, seed, repeat):

@@ -1,4 +1,4 @@
-"""The race detector on the GPU (DESIGN §3, §7): the fault-free engine gives no race
+"""The race detector on the GPU (docs/design.md §3.5-3.6, §7): the fault-free engine gives no race
 report on cuda, and each bug-zoo fault that stream-race or kv-lifetime catches on the sim
 is caught on cuda too, and by PyTorch's CUDA sanitizer where it can see it. Prints a
 table and writes ``gpu_detect.json`` under ``--out``.
@@ -35,8 +35,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from overlapcheck.engine import EngineConfig, generate  # noqa: E402
+from overlapcheck.device import check_available, device_info  # noqa: E402
 from overlapcheck.faults import FAULTS  # noqa: E402
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case  # noqa: E402
+from overlapcheck.run import Case, ScheduleSpec, execute  # noqa: E402
 
 RACE = ("stream-race", "kv-lifetime")
 BASE = EngineConfig(page_size=2, pool_tokens=96, row_width=32, max_running=4, chunk_size=8,
@@ -63,38 +64,32 @@ def clean_cases():
         cfg = dataclasses.replace(BASE, **kw)
         for s in seeds:
             wl = generate(s, 5, cfg, max_prompt=10, max_new=16)
-            out.append((f"{label}/{s}", Case(cfg, wl, ScheduleSpec("random", s), RACE, seed=s)))
+            out.append((f"{label}/{s}", Case(cfg, wl, ScheduleSpec("random", s), RACE)))
     return out
 
 
 def run_one(case, device, detect=True):
-    """Run ``case`` (its faults on) through ``run_checked`` on ``device``; raises what
-    the engine raises."""
-    from invariants.drive import run_checked
+    """Run ``case`` (its faults on, the race checkers only) on ``device``: the outcome
+    and the runtime."""
+    from overlapcheck.run import execute
     from overlapcheck.device import make_runtime
-    cfg = dataclasses.replace(case.config, faults=tuple(case.faults))
-    rt = make_runtime(device, seed=case.seed, strategy=case.schedule.make(), detect=detect,
-                      access="declared")
-    try:
-        return run_checked(cfg, case.workload, RACE, seed=case.seed, device=device, rt=rt), rt
-    except Exception as e:  # noqa: BLE001 - tallied by the caller, with the reports so far
-        e.rt = rt
-        raise
+    rt = make_runtime(device, strategy=case.schedule.make(), detect=detect, access="declared")
+    return execute(case, runtime=rt, trace=False), rt
 
 
 def checked(case, device):
     """``run_one`` summarized: status, violations (checker, report kind), reports. An
     engine exception ends the run; its detector reports stand in for the checkers."""
     from invariants.kv_lifetime import is_request_reuse
-    try:
-        run, rt = run_one(case, device)
-        status, steps, vs = run.status, run.engine.iteration, run.violations
-        viol = [{"checker": v.checker, "kind": v.site[0] if v.site else "",
-                 "message": v.message} for v in vs]
-    except Exception as e:  # noqa: BLE001
-        rt, steps, status = e.rt, None, f"exception: {type(e).__name__}: {e}".splitlines()[0]
+    run, rt = run_one(case, device)
+    if run.status == "crashed":
+        steps, status = None, "exception: " + run.problems[0].text.split(": ", 1)[1].splitlines()[0]
         viol = [{"checker": "kv-lifetime" if is_request_reuse(r) else "stream-race",
                  "kind": r.kind, "message": str(r).splitlines()[0]} for r in rt.reports]
+    else:
+        status, steps = run.status, run.steps
+        viol = [{"checker": v.checker, "kind": v.site[0] if v.site else "",
+                 "message": v.message} for v in run.violations]
     return {"status": status, "steps": steps, "violations": viol, "reports": len(rt.reports),
             "report_kinds": sorted({r.kind for r in rt.reports})}
 
@@ -113,7 +108,7 @@ def hunt(name, examples):
         if hits or case.config.tp > 1:      # logical ranks exist on the sim only
             return
         tried[0] += 1
-        out = run_case(case)
+        out = execute(case)
         found = [f for f in out.findings if f.checker == want]
         if found:
             hits.append((case, out, found[0], tried[0]))
@@ -185,8 +180,12 @@ def sanitizer_child(path):
     with open(path) as fh:
         cases = [Case.from_dict(d) for d in json.load(fh)["cases"]]
     for i, case in enumerate(cases):
-        try:
-            run_one(case, "cuda", detect=False)
+        try:   # the engine alone (no driver catching its exceptions): the sanitizer raises
+            from overlapcheck import targets
+            from overlapcheck.device import make_runtime
+            rt = make_runtime("cuda", detect=False)
+            targets.get(case.target).open(case.config, None, None, case.faults,
+                                          runtime=rt).run(case.workload)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - classified below
             found = _sanitizer_errors(e, csan.CUDASanitizerErrors)
@@ -258,10 +257,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     import torch
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda needs a CUDA GPU and a CUDA build of torch")
+    try:
+        check_available(args.device)
+    except RuntimeError as e:
+        ap.error(str(e))
     sims = {n: sim_case(n, args.out, args.examples) for n in names}
-    sanitize = args.device == "cuda" and not args.no_sanitizer
+    sanitize = device_info(args.device).gpu and not args.no_sanitizer
     jobs = {}
     if sanitize:   # the subprocesses run while ours runs below
         jobs = {n: sanitizer_start(n, [s["case"]], args.out) for n, s in sims.items() if s["case"]}
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
     na = "n/a" if not sanitize else "n/a (no sim case)"
     clean["sanitizer"] = verdicts.get("(clean)", "n/a")
     rows = [fault_row(n, sims[n], devs[n], verdicts.get(n, na)) for n in names]
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "sim"
+    gpu = torch.cuda.get_device_name() if device_info(args.device).gpu else args.device
     print(f"detector on {args.device} ({gpu}), torch {torch.__version__}")
     print(table(rows, clean, args.device))
     doc = {"device": args.device, "gpu": gpu, "torch": torch.__version__, "faults": rows,

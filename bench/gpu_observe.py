@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from overlapcheck.device import device_info
+
 _PROJECT = tuple(os.sep + d + os.sep for d in ("overlapcheck", "fake_models", "invariants"))
 _RUNTIME_SYNCS = ("_sync_event", "_sync_stream", "synchronize", "to_host", "copy")
 _RUNTIME_FILE = os.path.join("device", "cuda.py")
@@ -75,7 +77,7 @@ def _site(f) -> str:
 
 def profiler(device: str):
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
+    if device_info(device).gpu:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     return torch.profiler.profile(activities=acts)
 
@@ -100,7 +102,7 @@ def kernel_busy_us(prof):
 
 
 def table(prof, device: str, rows: int = 15) -> str:
-    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    key = "self_device_time_total" if device_info(device).gpu else "self_cpu_time_total"
     try:
         return prof.key_averages().table(sort_by=key, row_limit=rows)
     except (KeyError, AttributeError, ValueError):

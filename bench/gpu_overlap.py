@@ -1,4 +1,4 @@
-"""Overlap on a GPU (DESIGN §8, cuda): overlap vs non-overlap decode throughput side by
+"""Overlap on a GPU (docs/design.md §8, cuda): overlap vs non-overlap decode throughput side by
 side, host syncs per steady decode step, GPU busy fraction and checker overhead, per model
 and batch size. Prints a table and writes ``gpu_overlap.json`` under ``--out``.
 
@@ -43,9 +43,11 @@ import torch
 import gpu_observe as obs
 from fake_models import make_model
 from overlapcheck import engine as E
+from overlapcheck.device import check_available, device_info
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import EngineConfig, RequestSpec, Workload
 from overlapcheck.engine.types import RUNNING
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 MODES = (("overlap", True, False, False), ("non-overlap", False, False, False),
          ("checked", True, True, False), ("checked+detector", True, True, True))
@@ -71,7 +73,7 @@ class Window:
         self._step, eng.step = eng.step, self.step
 
     def sync(self):   # the sim runs eagerly: its device work is done at launch
-        if self.device == "cuda":
+        if device_info(self.device).gpu:
             torch.cuda.synchronize()
 
     def counters(self):
@@ -120,17 +122,17 @@ def make_case(name, model, batch, args, overlap):
 
 def make_monitor(ref):
     from invariants import make_checkers
-    from invariants.drive import Monitor
+    from overlapcheck.run import Monitor
     return Monitor(make_checkers((), reference=ref))
 
 
 def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
     """One run of ``mode`` up to the end of its window: (the window's figures, the engine)."""
-    from invariants.drive import Halt
+    from overlapcheck.run import Halt
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
     cfg, wl = make_case(name, model, batch, args, overlap)
     gc.collect()
-    graphs = args.graphs and args.device == "cuda" and not detect
+    graphs = args.graphs and device_info(args.device).gpu and not detect
     rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect, access="declared",
                       graphs=graphs)
     mon = make_monitor(ref) if checked else None
@@ -197,7 +199,7 @@ def observe(args, name, model, batch, rec):
             continue
         if args.profile and low:
             rec["profiles"][mode] = profile_one_step(args, name, model, batch, mode)
-        if args.device != "cuda":
+        if not device_info(args.device).gpu:
             continue
         watch, prof = obs.SyncWatch(), obs.profiler(args.device)
         got, _ = run_mode(args, name, model, batch, mode, hooks={
@@ -258,7 +260,7 @@ def main() -> None:
     ap.add_argument("--row-width", type=int, default=256, help="context per request")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--spec-steps", type=int, default=3)
-    ap.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"))
+    ap.add_argument("--draft", default="standalone", choices=tuple(DRAFT_KINDS))
     ap.add_argument("--graphs", default="on", choices=("on", "off"),
                     help="cuda: replay the model calls from CUDA graphs (not with the detector)")
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
@@ -273,13 +275,16 @@ def main() -> None:
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1:
         ap.error(f"bad --modes/--models/--batch/--steps (modes: {', '.join(x[0] for x in MODES)})")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda needs a CUDA GPU")
-    if args.device == "sim":
+    try:
+        check_available(args.device)
+    except RuntimeError as e:
+        ap.error(str(e))
+    info = device_info(args.device)
+    if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if info.gpu else None,
            "torch": torch.__version__, "args": {k: v for k, v in vars(args).items()}, "configs": []}
     print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s':>9s} {'steps/s':>8s} {'syncs':>6s} "
           f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")

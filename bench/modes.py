@@ -1,4 +1,4 @@
-"""Engine modes side by side (DESIGN §5, §6, §8): a parity sweep of seeded workloads in
+"""Engine modes side by side (docs/design.md §5, §6, §8): a parity sweep of seeded workloads in
 each mode with every checker on, and each mode's figures. Prints tables and writes
 ``modes.json`` under ``--out``.
 
@@ -11,7 +11,7 @@ has a ``zero_bubble`` field. A mode a config rejects is reported as skipped.
 
 Parity sweep. Seed s gives a small config (page size 1/2/4, spec steps 1-4, draft kind,
 running cap, chunk, a tight or a roomy pool) and a generated workload; each mode runs
-it with every checker on. sim: ``run_case`` under a random schedule (its parity checker
+it with every checker on. sim: ``execute`` under a random schedule (its parity checker
 compares with the clean non-overlap reference); a run with findings writes a repro
 (``overlapcheck replay FILE``). cuda: ``run_checked`` against a cuda non-overlap run of
 the standard config (floats may differ from the CPU's), the trained model on every fifth
@@ -38,8 +38,9 @@ import time
 import torch
 
 from overlapcheck import seeds
+from overlapcheck.device import check_available, device_info
 from overlapcheck.engine import EngineConfig, generate, make_engine
-from overlapcheck.engine.config import DRAFT_KINDS
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 from modes_figures import model, print_figures, sim_figures, throughput
 
@@ -50,7 +51,7 @@ def engine_modes(device: str) -> dict:
     out = {"standard": {}, "verify-sync": {"verify_sync": True}, "kv-backup": {"kv_backup": True}}
     if "zero_bubble" in fields:
         out["zero-bubble"] = {"zero_bubble": True}
-    if device == "sim":
+    if device_info(device).replayable:     # logical ranks run on the sim
         out["tp2"] = {"tp": 2}
     return out
 
@@ -60,7 +61,7 @@ def sweep_case(seed: int, model_name: str = "oracle"):
     rng = seeds.stream(seed, "modes-sweep")
     page, row = rng.choice((1, 2, 4)), 48
     cfg = EngineConfig(page_size=page, row_width=row, spec_steps=rng.randint(1, 4),
-                       draft_kind=rng.choice(DRAFT_KINDS), max_running=rng.choice((2, 3, 4, 6)),
+                       draft_kind=rng.choice(tuple(DRAFT_KINDS)), max_running=rng.choice((2, 3, 4, 6)),
                        chunk_size=rng.choice((4, 8, 16)), model=model_name,
                        pool_tokens=rng.choice((row + 2 * page, row + 8 * page, 512)))
     return cfg, generate(seed, rng.randint(6, 12), cfg, max_prompt=16, max_new=24)
@@ -89,22 +90,22 @@ def compare(base, got):
 
 def run_one(cfg, wl, seed, device, ref, repro_dir):
     """One checked run: (first lines of its findings, its RunResult, steps). ``ref`` None:
-    ``run_case`` on the sim, its own reference; else ``run_checked`` against ``ref``."""
+    ``execute`` on the sim, its own reference; else ``run_checked`` against ``ref``."""
     if ref is None:
-        from overlapcheck.fuzz import Case, ScheduleSpec, run_case
-        case = Case(cfg, wl, ScheduleSpec("random", seed), seed=seed)
-        out = run_case(case, device=device)
+        from overlapcheck.run import Case, ScheduleSpec, execute
+        case = Case(cfg, wl, ScheduleSpec("random", seed))
+        out = execute(case, device=device)
         if out.findings and repro_dir:
             from overlapcheck.repro.format import Repro, current_commit, save
             f = out.findings[0]
             save(Repro(case, out.choices, f, out.digest, steps=out.steps, commit=current_commit(),
                        note=f"bench/modes.py seed {seed}"), os.path.join(repro_dir, f"{f.ident}-{seed}.yaml"))
         return [f.text.splitlines()[0] for f in out.findings], out.result, out.steps
-    from invariants.drive import run_checked
-    try:
-        run = run_checked(cfg, wl, seed=seed, device=device, model=model(cfg.model), reference=ref)
-    except Exception as e:  # noqa: BLE001 - the engine's own failure is a finding
-        return [f"[engine-exception] {type(e).__name__}: {e}"], None, 0
+    from overlapcheck.run import run_checked
+    run = run_checked(cfg, wl, seed=seed, device=device, model=model(cfg.model), reference=ref,
+                      trace=False)
+    if run.status == "crashed":     # the engine's own failure is a finding
+        return [run.problems[0].text.splitlines()[0]], None, 0
     found = [str(v).splitlines()[0] for v in run.violations]
     if run.status != "completed":
         found.append(f"[run] {run.status}")
@@ -153,8 +154,8 @@ def _sweep_job(job):
 
 def sweep(args, modes) -> list:
     seeds_ = range(args.first_seed, args.first_seed + args.workloads)
-    if args.device == "sim":
-        jobs = [(s, "sim", modes, args.sweep_model, False, args.repro_dir) for s in seeds_]
+    if device_info(args.device).replayable:
+        jobs = [(s, args.device, modes, args.sweep_model, False, args.repro_dir) for s in seeds_]
         if args.jobs <= 1:
             _init_worker()
             return [_sweep_job(j) for j in jobs]
@@ -232,9 +233,11 @@ def main() -> None:
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     if args.workloads is None:
-        args.workloads = 200 if args.device == "sim" else 20
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda needs a CUDA GPU")
+        args.workloads = 20 if device_info(args.device).gpu else 200
+    try:
+        check_available(args.device)
+    except RuntimeError as e:
+        ap.error(str(e))
     modes = engine_modes(args.device)
     if args.modes:
         want = ["standard"] + [m for m in args.modes.split(",") if m and m != "standard"]
@@ -247,7 +250,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     args.repro_dir = os.path.join(args.out, "repros")
     t0 = time.perf_counter()
-    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if device_info(args.device).gpu else None,
            "torch": torch.__version__, "modes": modes, "args": vars(args)}
     print(f"modes: {', '.join(modes)}; {args.workloads} workloads from seed {args.first_seed}")
     records = sweep(args, modes)
@@ -256,7 +259,7 @@ def main() -> None:
     doc["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     doc["records"] = records
     if not args.no_figures:
-        if args.device == "sim":
+        if device_info(args.device).cpu_work:
             doc["sim_figures"] = sim_figures(modes, args.figure_requests, 2)
         else:
             doc["throughput"] = throughput(args.device, modes, args.model,

@@ -1,4 +1,4 @@
-"""The per-mode figures of bench/modes.py (DESIGN §8), printed, never asserted.
+"""The per-mode figures of bench/modes.py (docs/design.md §8), printed, never asserted.
 
 * ``sim_figures``: engine steps/s per mode on the sim, one thread, oracle model,
   unchecked (no observer, detector off) and checked (every checker, detector on,
@@ -18,6 +18,7 @@ import time
 import torch
 
 from overlapcheck.engine import EngineConfig, generate, make_engine
+from overlapcheck.device import device_info
 
 _MODELS: dict = {}
 
@@ -33,7 +34,7 @@ def model(name: str):
 def sim_figures(modes, requests, repeat) -> dict:
     """Steps/s per mode on the sim, one thread, unchecked and checked (best of ``repeat``)."""
     from invariants import make_checkers
-    from invariants.drive import Monitor, reference_run
+    from overlapcheck.run import Case, Monitor, reference_run
     from overlapcheck.device import make_runtime
     torch.set_num_threads(1)
 
@@ -55,7 +56,7 @@ def sim_figures(modes, requests, repeat) -> dict:
             continue
         once(cfg, generate(0, 2, cfg), None, False)      # one-time costs out of the figures
         wl = generate(0, requests, cfg)
-        ref = reference_run(cfg, wl)
+        ref = reference_run(Case(cfg, wl))
         rec = {}
         for label, checked in (("unchecked", False), ("checked", True)):
             dt, s, bad = min((once(cfg, wl, ref, checked) for _ in range(repeat)), key=lambda x: x[0])
@@ -79,7 +80,7 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat) -> dic
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
         eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
             device, seed=0, strategy="eager", detect=False, access="declared",
-            graphs=device == "cuda"), m)
+            graphs=device_info(device).gpu), m)
         gc.collect()
         w = G.Window(eng, device, batch, settle, n)
         try:

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from overlapcheck.device import DEVICES, device_info
+
 CUDA_FATAL = re.compile(r"CUDA error|cudaError|illegal memory access|device-side assert|"
                         r"unspecified launch failure|CUBLAS_STATUS|CUDNN_STATUS|misaligned address")
 SUMMARY_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
@@ -45,7 +47,7 @@ def parse_args(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="exit 0: clean; 1: findings; 2: usage")
     p.add_argument("--minutes", type=float, default=60.0, help="total budget (default 60)")
     p.add_argument("--out", default="nightly-out", help="output folder (default nightly-out)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "sim"),
+    p.add_argument("--device", default="cuda", choices=tuple(DEVICES),
                    help="cuda (default); sim is a dry run of the whole job on a CPU machine")
     p.add_argument("--models", default="trained,oracle,tiny",
                    help="comma-separated models, cycled (default trained,oracle,tiny)")
@@ -249,7 +251,7 @@ def main(argv=None) -> int:
     out = a.out
     for d in ("", "repros", "logs", "hypothesis-db"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
-    if a.device == "cuda" and a.worker_cmd is None:
+    if device_info(a.device).gpu and a.worker_cmd is None:
         preflight_cuda()
     start, total = time.monotonic(), a.minutes * 60.0
     sanitize = not a.no_sanitizer and find_sanitizer(a.sanitizer) is not None

@@ -64,6 +64,7 @@ class Checker:
 
     name = "?"
     fatal = False
+    targets = ("*",)    # the targets whose events it reads ("*": every target)
 
     def __init__(self, **context) -> None:
         self._handlers: Dict[type, object] = {}
@@ -98,17 +99,24 @@ REGISTRY: Dict[str, str] = {
 }
 
 
+def check_names(names: Iterable[str]) -> None:
+    """``ValueError`` (one line, listing the valid names) for an unknown checker."""
+    for n in names:
+        if n not in REGISTRY:
+            raise ValueError(f"unknown checker {n!r} (choose from {', '.join(REGISTRY)})")
+
+
+def checker_class(name: str) -> type:
+    check_names((name,))
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def make_checkers(names: Iterable[str] = (), **context) -> List[Checker]:
     """Instantiate checkers by name (empty: all of them), each offered ``context``."""
     wanted = list(names) or list(REGISTRY)
-    unknown = [n for n in wanted if n not in REGISTRY]
-    if unknown:
-        raise ValueError(f"unknown checker {unknown[0]!r} (choose from {', '.join(REGISTRY)})")
-    out = []
-    for n in wanted:
-        module, cls = REGISTRY[n].split(":")
-        out.append(getattr(importlib.import_module(module), cls)(**context))
-    return out
+    check_names(wanted)
+    return [checker_class(n)(**context) for n in wanted]
 
 
 def feed_all(checkers: Sequence[Checker], event) -> List[Violation]:

@@ -19,6 +19,7 @@ from .base import Checker, Violation
 
 class KVCanary(Checker):
     name = "kv-canary"
+    targets = ("reference",)    # reads what only the reference engine emits
 
     def __init__(self, **context) -> None:
         super().__init__()

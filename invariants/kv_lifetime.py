@@ -1,5 +1,5 @@
 """kv-lifetime: at a KV slot's or request-pool row's change of owner, the new owner's
-first accesses are ordered after the previous owner's last ones (DESIGN §3, memory
+first accesses are ordered after the previous owner's last ones (docs/design.md §3.6, memory
 reuse).
 
 The runtime's happens-before detector judges every access against the previous
@@ -32,6 +32,7 @@ def facts(report) -> tuple:
 
 class KVLifetime(Checker):
     name = "kv-lifetime"
+    targets = ("reference",)    # reads what only the reference engine emits
 
     def on_RaceFound(self, ev: E.RaceFound) -> List[Violation]:
         rep = ev.report

@@ -13,6 +13,7 @@ from .base import Checker, Violation
 
 class NoHiddenSync(Checker):
     name = "no-hidden-sync"
+    targets = ("reference",)    # reads what only the reference engine emits
 
     def __init__(self, **context) -> None:
         super().__init__()

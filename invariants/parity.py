@@ -1,5 +1,5 @@
 """parity: per request, the overlap run equals the reference (non-overlap) run of the
-same workload (DESIGN §5).
+same workload (docs/design.md §5.2).
 
 * tokens: each token the host keeps equals the reference's at that position; a request
   finished in both has the same tokens and finish reason; an aborted request's output

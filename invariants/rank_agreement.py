@@ -31,6 +31,7 @@ def describe(ev: E.RankBatch) -> str:
 
 class RankAgreement(Checker):
     name = "rank-agreement"
+    targets = ("reference",)    # reads what only the reference engine emits
 
     def __init__(self, **context) -> None:
         super().__init__()

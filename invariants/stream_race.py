@@ -18,6 +18,7 @@ from .kv_lifetime import facts, is_request_reuse
 
 class StreamRace(Checker):
     name = "stream-race"
+    targets = ("reference",)    # reads what only the reference engine emits
 
     def on_RaceFound(self, ev: E.RaceFound) -> List[Violation]:
         rep = ev.report

@@ -17,7 +17,7 @@ from .errors import EXIT_USAGE, UsageError
 # several subcommands, and is registered once
 COMMANDS = {
     "selftest": "overlapcheck.selftest.command",
-    "run": "overlapcheck.engine.command",
+    "run": "overlapcheck.run.command",
     "leak-report": "overlapcheck.leakreport",
     "fuzz": "overlapcheck.fuzz.command",
     "faults": "overlapcheck.faults.command",

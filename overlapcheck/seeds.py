@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import random
 
-STREAMS = ("workload", "sampling", "schedule", "faults")
 
 
 def derive(seed: int, *names: object) -> int:

@@ -1,5 +1,5 @@
 """What every clean engine run must satisfy, and per-request parity between two runs
-(DESIGN §5), shared by the engine and draft-kind tests."""
+(docs/design.md §5), shared by the engine and draft-kind tests."""
 from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine
@@ -35,7 +35,8 @@ def assert_parity(ref, got, what, accept=True):
 def check_parity_and_lossless(base: dict, wl, seed, model, what=""):
     """Overlap vs non-overlap (tokens and accept lengths) and spec vs no-spec (tokens)
     for one workload on config ``base``; aborted requests are skipped."""
-    from overlapcheck.engine import EngineConfig, run_workload
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.run import run_workload
     ref = run_workload(EngineConfig(**base, overlap=False), wl, seed=seed, model=model)
     got = run_workload(EngineConfig(**base), wl, seed=seed, model=model)
     nospec = run_workload(EngineConfig(**base, spec=False), wl, seed=seed, model=model)

@@ -1,10 +1,8 @@
 """A checker that raises (values read too early can be anything) is a finding that
 names it; the run and the other checkers go on."""
 from invariants.base import Checker
-from overlapcheck.engine import EngineConfig, generate
 from overlapcheck.engine import events as E
-from overlapcheck.fuzz import Case, ScheduleSpec
-from overlapcheck.fuzz.checks import CheckSession
+from overlapcheck.run import Monitor
 
 
 class Boom(Checker):
@@ -27,15 +25,11 @@ class Counting(Checker):
 
 
 def test_a_crashing_checker_is_a_finding_and_the_others_go_on():
-    cfg = EngineConfig(pool_tokens=200, row_width=40, max_running=2)
-    case = Case(cfg, generate(0, 2, cfg, max_prompt=5, max_new=5), ScheduleSpec("eager", 0),
-                checks=("lifecycle", "metrics"))
-    s = CheckSession(case, None)
     other = Counting()
-    s.checkers = [Boom(), other]
+    s = Monitor([Boom(), other])
     for rid in (1, 2):
-        s.feed(E.Arrived(0, -1, rid, None))
-    found = s.current()
+        s(E.Arrived(0, -1, rid, None))
+    found = s.findings()
     assert len(found) == 1 and found[0].checker == "lifecycle"
     assert found[0].site == ("checker-crashed", "Arrived", "IndexError")
     assert "crashed on event Arrived: IndexError" in found[0].text

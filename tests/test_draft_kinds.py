@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 
 from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 from engine_checks import assert_parity, run_clean
 
 STRATEGIES = ("random", "pct", "buggify", "eager")
-KINDS = ("standalone", "eagle", "mtp")
+KINDS = tuple(DRAFT_KINDS)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

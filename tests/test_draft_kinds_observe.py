@@ -20,6 +20,7 @@ from overlapcheck.device.sched import make_strategy
 from overlapcheck.device.sim import SimRuntime
 from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
 from overlapcheck.engine import events as E
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 WL = Workload((RequestSpec(0, 0, (5, 9, 2, 7, 1, 3), 24),
                RequestSpec(1, 0, (8, 8, 4, 6, 2, 9, 11, 30, 12), 24)))
@@ -144,7 +145,7 @@ def test_standalone_and_eagle_drafts_do_not_read_the_target_kv():
 
 def test_the_kinds_draft_differently():
     accepts = {kind: _run(kind)[0].run(WL).requests[1].accept_lens for kind in
-               ("standalone", "eagle", "mtp")}
+               tuple(DRAFT_KINDS)}
     toks = {kind: _run(kind)[0].run(WL).requests[1].tokens for kind in accepts}
     assert len(set(toks.values())) == 1
     assert len(set(accepts.values())) == 3, accepts

@@ -11,6 +11,7 @@ import torch
 from fake_models import make_model
 from overlapcheck.device import DuplicateWriteError, make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -108,7 +109,7 @@ def test_inference_flags_order_dependent_writes():
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("model", ["oracle", "tiny"])
-@pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
+@pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 def test_engine_writes_are_order_independent(kind, model, overlap):
     """Every indexed write of a spec run (target, draft KV, EAGLE KV, FutureMap) under
     exact inference: none writes one index twice with different values."""

@@ -11,7 +11,7 @@ from invariants.kv_accounting import KVAccounting
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 from overlapcheck.engine import events as E
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import assert_parity, run_clean
 
@@ -35,7 +35,7 @@ def test_mode_is_clean_under_every_checker_and_lagging_streams(mode):
     for seed in range(3):
         wl = generate(seed, 7, cfg, max_prompt=10, max_new=14)
         for sched in SCHEDULES:
-            out = run_case(Case(cfg, wl, sched))
+            out = execute(Case(cfg, wl, sched))
             assert not out.findings, f"{mode} seed {seed} {sched}: {out.findings[0].text}"
 
 
@@ -121,10 +121,10 @@ def test_host_pool_leak_is_caught_end_to_end():
             r.host_pages = []          # planted: the host pages are never released
             super()._teardown(r, state, reason, bid)
 
-    from invariants.drive import run_checked
+    from overlapcheck.run import run_checked
     cfg = dataclasses.replace(BASE, kv_backup=True)
     wl = generate(0, 3, cfg, max_prompt=6, max_new=8)
-    run = run_checked(cfg, wl, ("kv-accounting",), engine_cls=Forgetful)
+    run = run_checked(cfg, wl, ("kv-accounting",), engine=Forgetful)
     assert any(v.site == ("leak", "host-pool") for v in run.violations), run.violations
     clean = run_checked(cfg, wl, ("kv-accounting",))
     assert not clean.violations

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from overlapcheck.engine import EngineConfig, generate
 from overlapcheck.faults import FAULTS, FaultSet
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.repro.format import Repro, save
 
@@ -34,7 +34,7 @@ def hunt(faults, checkers, checks=()):
     def prop(case):
         if hits:
             return
-        out = run_case(case)
+        out = execute(case)
         found = [f for f in out.findings if f.checker in checkers]
         if found:
             hits.append((case, out, found[0]))
@@ -98,7 +98,7 @@ def test_fault_is_silent_without_its_trigger(name):
         wl = generate(seed, 6, cfg, max_prompt=10, max_new=16)
         for sched in (ScheduleSpec("stalls", 0, (("forward", 5, 400), ("copy", 50, 900))),
                       ScheduleSpec("random", seed)):
-            out = run_case(Case(cfg, wl, sched, faults=(name,)))
+            out = execute(Case(cfg, wl, sched, faults=(name,)))
             assert not out.findings, f"{name} seed {seed}: {out.findings[0].text}"
 
 

@@ -10,7 +10,7 @@ import time
 from hypothesis import settings
 
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.campaign import Campaign, Options
 from overlapcheck.fuzz.machine import machine_for
 
@@ -26,17 +26,17 @@ def test_clean_campaign_finds_nothing_and_is_deterministic():
 
 def test_replaying_recorded_choices_gives_the_same_digest():
     case = Case(CFG, generate(2, 6, CFG), ScheduleSpec("pct", 9))
-    first = run_case(case)
-    again = run_case(case, choices=first.choices)
+    first = execute(case)
+    again = execute(case, choices=first.choices)
     assert again.digest == first.digest and not again.diverged
-    other = run_case(Case(CFG, case.workload, ScheduleSpec("pct", 10)))
+    other = execute(Case(CFG, case.workload, ScheduleSpec("pct", 10)))
     assert other.choices != first.choices
 
 
 def test_stalls_schedule_changes_interleaving_not_results():
     case = Case(CFG, generate(3, 6, CFG), ScheduleSpec("stalls", 0, (("forward", 2, 30),)))
-    eager = run_case(Case(CFG, case.workload, ScheduleSpec("stalls")))
-    stalled = run_case(case)
+    eager = execute(Case(CFG, case.workload, ScheduleSpec("stalls")))
+    stalled = execute(case)
     assert not stalled.findings and not eager.findings
     assert stalled.result.requests == eager.result.requests
     assert stalled.choices != eager.choices
@@ -66,7 +66,7 @@ def test_cli_fuzz_bad_flags_exit_2(capsys):
 _WRITER = r"""
 import sys
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.fuzz import Case, Finding, run_case
+from overlapcheck.run import Case, Finding, execute
 from overlapcheck.repro import Repro, save
 cfg = EngineConfig(pool_tokens=256, row_width=64)
 case = Case(cfg, generate(1, 40, cfg))

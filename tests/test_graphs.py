@@ -15,6 +15,7 @@ from overlapcheck.device.sched import make_strategy
 from overlapcheck.engine import Engine, EngineConfig, generate
 from overlapcheck.engine.graphs import GraphedModel
 from overlapcheck import seeds
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 from engine_checks import assert_parity
 
@@ -141,7 +142,7 @@ class GraphedSim(SimRuntime):
                                  if b.space == "device" and not b.freed], capture=FakeCapture())
         return self.cache
 
-@pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
+@pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 @pytest.mark.parametrize("model", ["oracle", "tiny"])
 def test_engine_with_graphed_model_calls_matches_the_plain_engine(kind, model, one_thread):
     cfg = EngineConfig(page_size=4, pool_tokens=160, row_width=48, max_running=4, chunk_size=16,
@@ -159,7 +160,7 @@ def test_engine_with_graphed_model_calls_matches_the_plain_engine(kind, model, o
     assert eng.idle and eng.mem.is_full()
 
 def test_graphs_need_cuda_and_no_detector():
-    with pytest.raises(ValueError, match="need the cuda device"):
+    with pytest.raises(ValueError, match="need a GPU device"):
         make_runtime("sim", graphs=True)
     assert not make_runtime("sim").graphs
     with pytest.raises(RuntimeError, match="no CUDA graphs"):

@@ -12,6 +12,7 @@ from fake_models import make_model
 from fake_models.hf import ModelError, from_dir, random_pair
 from fake_models.hf import config as C
 from overlapcheck.engine import EngineConfig
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 from engine_checks import check_parity_and_lossless
 from hf_fixtures import Paged, reference_logits, write_dir
@@ -171,7 +172,7 @@ def test_config_names():
         C.parse(dict(C.SIZES["tiny-llama"][0].to_json(), rope_scaling={"type": "yarn"}))
 
 
-@pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
+@pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 def test_small_hf_parity_and_lossless(tmp_path, kind):
     """overlap == non-overlap per request (tokens and accept lengths), spec == no-spec."""
     from overlapcheck.engine import generate
@@ -186,4 +187,4 @@ def test_small_hf_parity_and_lossless(tmp_path, kind):
     check_parity_and_lossless(base, wl, seed, model)
 
 
-KINDS = ("standalone", "eagle", "mtp")
+KINDS = tuple(DRAFT_KINDS)

@@ -10,10 +10,13 @@ import sys
 import pytest
 
 from fake_models import make_model
-from fake_models.accept_report import figures
 from fake_models.hf import TRAINED_DIR, from_dir
+from overlapcheck.engine.drafts import DRAFT_KINDS
 
 from engine_checks import check_parity_and_lossless
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+import accept_report  # noqa: E402
 
 HAVE = os.path.isdir(os.path.join(TRAINED_DIR, "target"))
 need_weights = pytest.mark.skipif(not HAVE, reason=f"no committed trained pair in {TRAINED_DIR} "
@@ -26,7 +29,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_train_smoke_writes_loadable_pair(tmp_path, capsys):
     from fake_models import train_pair
     rc = train_pair.main(["--out", str(tmp_path), "--device", "cpu", "--steps", "3", "--batch", "4",
-                          "--length", "16", "--requests", "2"])
+                          "--length", "16"])
+    assert rc == 0 and "bench/accept_report.py" in capsys.readouterr().out
+    rc = accept_report.main([str(tmp_path), "--requests", "2"])
     assert rc in (0, 1)   # a 3-step pair need not pass the acceptance figures
     out = capsys.readouterr().out
     assert '"draft_kind": "standalone"' in out and "acceptance:" in out
@@ -37,7 +42,7 @@ def test_train_smoke_writes_loadable_pair(tmp_path, capsys):
 
 
 def test_figures():
-    f = figures([1, 2, 5, 3, 4, 1], 4)
+    f = accept_report.figures([1, 2, 5, 3, 4, 1], 4)
     assert f["rejections_by_position"] == [2, 1, 1, 1] and f["mean_accept_length"] == 2.6667
 
 
@@ -48,7 +53,7 @@ def test_trained_missing_dir_is_one_line(tmp_path):
 
 
 @need_weights
-@pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
+@pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 def test_trained_parity_and_lossless(kind):
     from overlapcheck.engine import EngineConfig, generate
     model = make_model("trained")
@@ -64,7 +69,7 @@ def test_trained_parity_and_lossless(kind):
 def test_trained_run_deterministic():
     cmd = [sys.executable, "-m", "overlapcheck", "run", "--model", "trained", "--seed", "7",
            "--requests", "16", "--json"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")   # one intra-op thread, as DESIGN §4 asks
+    env = dict(os.environ, OMP_NUM_THREADS="1")   # one intra-op thread, as docs/design.md §4.10 asks
     runs = [subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
             for _ in range(2)]
     assert runs[0].returncode == 0, runs[0].stderr

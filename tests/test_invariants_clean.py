@@ -6,15 +6,16 @@ import pytest
 
 from fake_models import make_model
 from invariants import REGISTRY, make_checkers
-from invariants.drive import reference_run, run_checked
+from overlapcheck.run import Case, reference_run, run_checked
 from overlapcheck.engine import EngineConfig, generate
 from overlapcheck.engine import config as engine_config
+from overlapcheck.engine.drafts import DRAFT_KINDS
 from overlapcheck.engine import events as E
 
 STRATEGIES = ("random", "pct", "buggify", "eager")
 # Every draft kind with every model the config accepts; the oracle (fast) over more
 # seeds, heavier models over fewer and smaller workloads.
-CASES = [(d, m, seed) for d in engine_config.DRAFT_KINDS for m in engine_config.MODELS
+CASES = [(d, m, seed) for d in DRAFT_KINDS for m in engine_config.MODELS
          for seed in (range(6) if m == "oracle" else range(1))]
 
 
@@ -51,7 +52,7 @@ def test_clean_runs_report_nothing(draft, model, seed):
     cfg = _cfg(seed, draft_kind=draft, model=model)
     small = model != "oracle"
     wl = generate(seed, 3 if small else 10, cfg, max_new=8 if small else 24)
-    ref = reference_run(cfg, wl)
+    ref = reference_run(Case(cfg, wl))
     for strategy in (STRATEGIES[seed % 4],) + (() if small else (STRATEGIES[(seed + 1) % 4],)):
         run = clean(cfg, wl, seed, strategy, reference=ref)
         assert run.result.requests.keys() == ref.requests.keys()
@@ -65,7 +66,7 @@ def test_clean_variants(seed):
     variant = (dataclasses.replace(cfg, spec=False), dataclasses.replace(cfg, draft_reserve="exact"),
                dataclasses.replace(cfg, overlap=False))[seed % 3]
     clean(variant, wl, seed, STRATEGIES[seed % 4])
-    nospec_ref = reference_run(dataclasses.replace(cfg, spec=False), wl)
+    nospec_ref = reference_run(Case(dataclasses.replace(cfg, spec=False), wl))
     clean(cfg, wl, seed, "random", reference=nospec_ref, parity_accept=False)
 
 
@@ -75,7 +76,7 @@ def test_every_checker_sees_its_events_on_a_clean_run():
     count = Count()
     run = run_checked(cfg, wl, seed=3, strategy="random")
     assert not run.violations
-    from invariants.drive import Monitor
+    from overlapcheck.run import Monitor
     from overlapcheck.device import make_runtime
     from overlapcheck.engine import Engine
     mon = Monitor([count] + make_checkers(reference=run.result))

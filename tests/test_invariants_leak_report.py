@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from invariants.drive import run_checked
+from overlapcheck.run import run_checked
 from invariants.runlog import RunLog, read_log
 from overlapcheck.cli import main
 from overlapcheck.engine import Engine, EngineConfig, generate
@@ -19,10 +19,10 @@ class SkipsLastPage(Engine):
         super()._teardown(r, state, reason, bid)
 
 
-def _log(tmp_path, engine_cls=Engine, name="run.jsonl"):
+def _log(tmp_path, engine=Engine, name="run.jsonl"):
     path = str(tmp_path / name)
     wl = generate(5, 6, CFG, max_new=20, abort_rate=0.0)
-    run = run_checked(CFG, wl, ["kv-accounting"], seed=1, engine_cls=engine_cls,
+    run = run_checked(CFG, wl, ["kv-accounting"], seed=1, engine=engine,
                       log=RunLog(path, {"seed": 1}))
     return path, run
 

@@ -1,6 +1,6 @@
 """liveness: a planted zombie and a planted stuck wait become violations instead of
 hangs (both runs are given an effectively unbounded step budget)."""
-from invariants.drive import run_checked
+from overlapcheck.run import run_checked
 from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
 from overlapcheck.engine.workload import AbortAt
 
@@ -40,7 +40,7 @@ def _wl():
 
 
 def test_planted_zombie_is_reported_and_stops_the_run():
-    run = run_checked(CFG, _wl(), ["liveness"], seed=1, engine_cls=ForgetsAborts,
+    run = run_checked(CFG, _wl(), ["liveness"], seed=1, engine=ForgetsAborts,
                       max_steps=FOREVER)
     assert run.status == "halted"
     (v,) = run.violations
@@ -52,7 +52,7 @@ def test_planted_zombie_is_reported_and_stops_the_run():
 def test_planted_stuck_wait_is_reported_by_name():
     for overlap in (False, True):
         cfg = EngineConfig(**{**CFG.__dict__, "overlap": overlap})
-        run = run_checked(cfg, _wl(), ["liveness"], seed=2, engine_cls=WaitsForLaterHost,
+        run = run_checked(cfg, _wl(), ["liveness"], seed=2, engine=WaitsForLaterHost,
                           max_steps=FOREVER)
         assert run.status == "stalled"
         (v,) = run.violations

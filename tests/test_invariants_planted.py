@@ -5,7 +5,7 @@ import dataclasses
 
 from fake_models import OracleModel
 from invariants import make_checkers
-from invariants.drive import reference_run, run_checked
+from overlapcheck.run import Case, reference_run, run_checked
 from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload, generate
 from overlapcheck.engine import events as E
 from overlapcheck.engine.results import RequestResult, RunResult
@@ -44,7 +44,7 @@ class SkipsLastPage(Engine):
 
 
 def test_kv_accounting_names_the_leak():
-    run = run_checked(CFG, _wl(), ["kv-accounting"], seed=1, engine_cls=SkipsLastPage)
+    run = run_checked(CFG, _wl(), ["kv-accounting"], seed=1, engine=SkipsLastPage)
     (v,) = _only(run, "kv-accounting")
     page, _ = run.engine.kept
     own = run.engine.mem.kv.owned[page]
@@ -126,7 +126,7 @@ class Clobbers(Engine):
 
 def test_kv_canary_names_the_slot_and_both_tags():
     wl = Workload((RequestSpec(0, 0, (1, 2, 3, 4, 5), 30),))
-    run = run_checked(CFG, wl, ["kv-canary"], seed=2, engine_cls=Clobbers)
+    run = run_checked(CFG, wl, ["kv-canary"], seed=2, engine=Clobbers)
     v = _only(run, "kv-canary")[0]
     slot = run.engine.clobbered
     assert v.site == ("foreign-slot",) and v.details["slot"] == slot and v.details["position"] == 0
@@ -138,7 +138,7 @@ def test_kv_canary_sees_a_wrong_token_through_the_digest():
         mode = "token"
 
     wl = Workload((RequestSpec(0, 0, (1, 2, 3, 4, 5), 30),))
-    run = run_checked(CFG, wl, ["kv-canary"], seed=2, engine_cls=WrongToken)
+    run = run_checked(CFG, wl, ["kv-canary"], seed=2, engine=WrongToken)
     assert _only(run, "kv-canary")[0].site == ("token-digest",)
 
 
@@ -154,7 +154,7 @@ def test_kv_canary_stale_committed_length():
 # -- parity --------------------------------------------------------------------------------------
 def test_parity_names_request_token_and_verify_index():
     wl = _wl()
-    ref = reference_run(CFG, wl)
+    ref = reference_run(Case(CFG, wl))
     rid = max(ref.requests, key=lambda r: len(ref.requests[r].accept_lens))
     r = ref.requests[rid]
     bad = dataclasses.replace(r, accept_lens=r.accept_lens[:1] + (99,) + r.accept_lens[2:])
@@ -188,7 +188,7 @@ class MisReports(Engine):
 
 
 def test_metrics_catch_a_misreported_summary_and_a_lagged_count():
-    run = run_checked(CFG, _wl(), ["metrics"], seed=4, engine_cls=MisReports)
+    run = run_checked(CFG, _wl(), ["metrics"], seed=4, engine=MisReports)
     (v,) = _only(run, "metrics")
     assert v.site == ("summary-mean_accept_length",)
     assert "(counted from events)" in v.expected and "(reported)" in v.seen
@@ -207,7 +207,7 @@ class SyncsOnce(Engine):
 
 
 def test_no_hidden_sync_names_the_step():
-    run = run_checked(CFG, _wl(), ["no-hidden-sync"], seed=5, engine_cls=SyncsOnce)
+    run = run_checked(CFG, _wl(), ["no-hidden-sync"], seed=5, engine=SyncsOnce)
     (v,) = _only(run, "no-hidden-sync")
     assert v.step == 5 and v.details["syncs"] == v.details["declared"] + 1
 
@@ -226,10 +226,10 @@ class IgnoresStop(Engine):
 
 
 def test_lifecycle_sees_an_uncut_stop_token():
-    ref = reference_run(CFG, _wl(8, seed=9))
+    ref = reference_run(Case(CFG, _wl(8, seed=9)))
     stopped = [rid for rid, r in ref.requests.items() if r.finish_reason == "stop"]
     assert stopped
-    run = run_checked(CFG, _wl(8, seed=9), ["lifecycle"], seed=6, engine_cls=IgnoresStop)
+    run = run_checked(CFG, _wl(8, seed=9), ["lifecycle"], seed=6, engine=IgnoresStop)
     got = _only(run, "lifecycle")
     assert {v.site[0] for v in got} <= {"stop-not-cut", "stop-not-finished", "tokens-after-end",
                                          "finish-reason"}

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.fuzz import Case, Finding, ScheduleSpec, run_case
+from overlapcheck.run import Case, Finding, ScheduleSpec, execute
 from overlapcheck.repro import Repro, ReproError, load, loads, replay, save
 from overlapcheck.repro.format import dumps
 
@@ -18,7 +18,7 @@ CFG = EngineConfig(pool_tokens=256, row_width=64, max_running=4)
 
 def _repro(schedule=ScheduleSpec("random", 3), n=4) -> Repro:
     case = Case(CFG, generate(5, n, CFG), schedule)
-    out = run_case(case)
+    out = execute(case)
     fake = Finding("lifecycle", ("planted",), 3, "[lifecycle] planted")
     return Repro(case, out.choices, fake, out.digest, steps=out.steps)
 
@@ -72,7 +72,7 @@ def test_hostile_files_exit_2_one_line(tmp_path, capsys):
         "garbage": "\x00\x01\x02 not yaml: [",
         "tag": "!!python/object/apply:os.system ['touch " + str(tmp_path / "pwned") + "']",
         "truncated": good[: len(good) // 2],
-        "schema": good.replace("schema: 1", "schema: 99"),
+        "schema": good.replace("schema: 2", "schema: 99"),
         "unknown": good + "surprise: 1\n",
         "negative": good.replace("max_new_tokens: ", "max_new_tokens: -", 1),
     }

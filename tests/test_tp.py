@@ -7,12 +7,13 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 
-from invariants.drive import run_checked
+from overlapcheck.run import run_checked
 from invariants.rank_agreement import RankAgreement
-from overlapcheck.engine import EngineConfig, TPEngine, generate, run_workload
+from overlapcheck.engine import EngineConfig, TPEngine, generate
+from overlapcheck.run import run_workload
 from overlapcheck.engine import events as E
 from overlapcheck.engine.tp import Collective
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.strategies import features
 
 CFG = EngineConfig(page_size=2, pool_tokens=96, row_width=32, max_running=4, chunk_size=8,
@@ -50,9 +51,9 @@ def test_every_rank_runs_its_own_engine():
 
 def test_same_seed_same_digest_and_replay():
     case = Case(dataclasses.replace(CFG, tp=2), _wl(1), ScheduleSpec("random", 5))
-    a, b = run_case(case), run_case(case)
+    a, b = execute(case), execute(case)
     assert a.digest == b.digest and a.choices == b.choices and not a.findings
-    again = run_case(case, choices=a.choices)
+    again = execute(case, choices=a.choices)
     assert again.diverged is None and again.digest == a.digest
 
 
@@ -77,7 +78,7 @@ class TPDropsAJoin(TPEngine):
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_collective_never_joined_is_a_stuck_wait_not_a_hang(overlap):
     cfg = dataclasses.replace(CFG, tp=2, overlap=overlap)
-    run = run_checked(cfg, _wl(0), ["liveness"], seed=0, engine_cls=TPDropsAJoin)
+    run = run_checked(cfg, _wl(0), ["liveness"], seed=0, engine=TPDropsAJoin)
     assert run.status == "stalled"
     (v,) = run.violations
     assert v.site == ("stuck-wait",)
@@ -122,8 +123,8 @@ def test_fault_16_caught_by_rank_agreement_then_deadlocks():
 
 def test_fault_16_is_silent_at_tp1_and_found_by_the_fuzzer_machinery():
     for sched in (ScheduleSpec("stalls"), ScheduleSpec("random", 3)):
-        assert not run_case(Case(CFG, _wl(2), sched, faults=(FAULT,))).findings
-        out = run_case(Case(dataclasses.replace(CFG, tp=2), _wl(2), sched, faults=(FAULT,)))
+        assert not execute(Case(CFG, _wl(2), sched, faults=(FAULT,))).findings
+        out = execute(Case(dataclasses.replace(CFG, tp=2), _wl(2), sched, faults=(FAULT,)))
         assert out.findings[0].checker == "rank-agreement"
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from overlapcheck.cli import main
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.engine.dist import EXIT_CODE, EXIT_ENV, run_dist
+from overlapcheck.engine.dist import EXIT_CODE, EXIT_ENV
+from overlapcheck.run.dist import run_dist
 
 RUN = [sys.executable, "-m", "overlapcheck", "run", "--seed", "4", "--requests", "6"]
 

@@ -13,8 +13,8 @@ from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
 from overlapcheck.engine import events as E
-from overlapcheck.engine.config import DRAFT_KINDS
-from overlapcheck.fuzz import Case, ScheduleSpec, run_case
+from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import assert_parity, run_clean
 
@@ -43,7 +43,7 @@ def test_parity_with_the_standard_schedule_under_every_schedule(kind):
         for strategy in ("random", "eager"):
             assert_parity(ref, run_clean(cfg, wl, seed, strategy), f"{kind} seed {seed} {strategy}")
         for sched in SCHEDULES:
-            out = run_case(Case(cfg, wl, sched))
+            out = execute(Case(cfg, wl, sched))
             assert not out.findings, f"{kind} seed {seed} {sched}: {out.findings[0].text}"
             assert_parity(ref, out.result, f"{kind} seed {seed} {sched}")
 
@@ -69,7 +69,7 @@ def test_clean_under_every_checker_with_the_other_variants(mode):
         wl = generate(seed, 7, cfg, max_prompt=10, max_new=cfg.max_context)
         ref = run_clean(standard(dataclasses.replace(cfg, tp=1)), wl, seed, "eager")
         for sched in SCHEDULES[:4]:
-            out = run_case(Case(cfg, wl, sched))
+            out = execute(Case(cfg, wl, sched))
             assert not out.findings, f"{mode} seed {seed} {sched}: {out.findings[0].text}"
             assert_parity(ref, out.result, f"{mode} seed {seed} {sched}")
 
@@ -167,7 +167,7 @@ def test_host_lengths_model_keeps_parity_when_they_are_refreshed(kind):
             for overlap in (True, False):
                 cfg = dataclasses.replace(plain, model="oracle-hostlens", zero_bubble=zb,
                                           overlap=overlap)
-                out = run_case(Case(cfg, wl, SCHEDULES[3]))
+                out = execute(Case(cfg, wl, SCHEDULES[3]))
                 assert not out.findings, f"{kind} {zb} {overlap}: {out.findings[0].text}"
                 assert_parity(ref, out.result, f"{kind} seed {seed} zb {zb} overlap {overlap}")
 
@@ -179,7 +179,7 @@ def test_stale_host_lengths_are_caught_by_parity(kind):
     for seed in range(3):
         wl = generate(seed, 6, cfg, max_prompt=10, max_new=20)
         for sched in (SCHEDULES[0], SCHEDULES[3]):
-            out = run_case(Case(cfg, wl, sched, faults=(STALE,)))
+            out = execute(Case(cfg, wl, sched, faults=(STALE,)))
             assert all(f.checker == "parity" and "accept length" in f.text
                        for f in out.findings), out.findings[0].text
             caught += bool(out.findings)
@@ -193,7 +193,7 @@ def test_stale_host_lengths_are_silent_without_their_trigger(change):
     for seed in range(3):
         wl = generate(seed, 6, cfg, max_prompt=10, max_new=20)
         for sched in (SCHEDULES[0], SCHEDULES[3]):
-            out = run_case(Case(cfg, wl, sched, faults=(STALE,)))
+            out = execute(Case(cfg, wl, sched, faults=(STALE,)))
             assert not out.findings, f"{change} seed {seed}: {out.findings[0].text}"
 
 

@@ -11,9 +11,12 @@ runtime (``overlapcheck.device.make_runtime``). Module map:
   ``kernels``: device closures; ``drafts``: draft kinds; ``worker``: one batch's launch
   and result collection;
 * ``loop``: the engine step (overlap and non-overlap); ``events``: observer events and
-  snapshots; ``results``: run results; ``workload``: workloads; ``command``: ``overlapcheck run``;
+  snapshots; ``results``: run results; ``workload``: workloads;
 * ``tp``: tensor-parallel logical ranks on the sim (``make_engine`` picks the engine
-  for a config); ``dist``: real ranks over ``torch.distributed`` (``run --dist``).
+  for a config); ``dist``: a real rank over ``torch.distributed`` (``run --dist``).
+
+The engine imports only the device runtime, the bug zoo's fault switches and its own
+modules: runs with checkers go through ``overlapcheck.run``.
 """
 from .config import EngineConfig
 from .events import Snapshot
@@ -34,17 +37,4 @@ def __getattr__(name: str):
 
 __all__ = ["Engine", "EngineConfig", "EngineStuck", "RequestSpec", "Workload", "AbortAt",
            "WorkloadError", "RunResult", "RequestResult", "Summary", "Snapshot",
-           "generate", "load", "parse", "run_workload", "TPEngine", "make_engine"]
-
-
-def run_workload(cfg: EngineConfig, workload: Workload, device: str = "sim", seed: int = 0,
-                 strategy: str = "random", detect: bool = True, access: str = "declared",
-                 observer=None, model=None) -> RunResult:
-    """Build a runtime and an engine, run ``workload``; the runtime's race reports are
-    counted in the summary (``rt`` itself is not returned: see ``Engine`` for that)."""
-    from fake_models import make_model
-    from ..device import make_runtime
-    from .tp import make_engine
-    rt = make_runtime(device, seed=seed, strategy=strategy, detect=detect, access=access)
-    eng = make_engine(cfg, rt, model if model is not None else make_model(cfg.model), observer)
-    return eng.run(workload)
+           "generate", "load", "parse", "TPEngine", "make_engine"]

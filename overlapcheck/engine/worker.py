@@ -1,6 +1,6 @@
 """The spec worker: enqueues one batch's device work and collects its result.
 
-One batch, as DESIGN §4.1 lays it out, with no host sync inside:
+One batch, as docs/design.md §4.6 lays it out, with no host sync inside:
 
 * schedule stream: WAR barrier (wait until the previous forward finished reading the
   request->token table), non-blocking H2D of the staged metadata from pinned memory

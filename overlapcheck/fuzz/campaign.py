@@ -20,8 +20,7 @@ from hypothesis import seed as hseed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from .. import seeds
-from ..engine.config import DRAFT_KINDS
-from .execute import Finding, run_case
+from ..run import Finding, execute
 from .strategies import cases
 
 
@@ -32,7 +31,7 @@ class Options:
     seed: int = 0
     device: str = "sim"
     models: Sequence[str] = ("oracle",)
-    draft_kinds: Sequence[str] = DRAFT_KINDS
+    draft_kinds: Optional[Sequence[str]] = None   # None: every kind the engine has
     checks: Sequence[str] = ()
     faults: Sequence[str] = ()
     out: Optional[str] = None
@@ -118,7 +117,7 @@ class Campaign:
             if failing and o.shrink_seconds is not None and \
                     time.monotonic() - failing[0] > o.shrink_seconds:
                 return  # shrinking time is up: the smallest failing case so far is kept
-            out = run_case(case, device=o.device)
+            out = execute(case, device=o.device)
             if failing:  # a shrink step of this run's finding
                 self.stats.shrink_runs += 1
             else:
@@ -150,7 +149,9 @@ class Campaign:
             from ..repro.trace import write_trace
             os.makedirs(self.opts.out, exist_ok=True)
             path = os.path.join(self.opts.out, f"{f.ident}.yaml")
-            rep = Repro(case, out.choices if self.opts.device == "sim" else None, f, out.digest,
+            from ..device import device_info
+            replayable = device_info(self.opts.device).replayable
+            rep = Repro(case, out.choices if replayable else None, f, out.digest,
                         self.opts.device, out.steps, current_commit())
             save(rep, path)
             write_trace(out, os.path.join(self.opts.out, f"{f.ident}.trace.json"))

@@ -18,7 +18,8 @@ def register(sub) -> None:
                         help="time budget (default 60 s unless --examples is given)")
     budget.add_argument("--examples", type=int, metavar="N", help="stop after N examples")
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
-    p.add_argument("--device", default="sim", help="sim (default) or cuda")
+    from ..device import DEVICES
+    p.add_argument("--device", default="sim", help=f"{', '.join(DEVICES)} (default sim)")
     p.add_argument("--model", default="oracle", help="model: oracle (default), tiny, trained, hf:DIR or random:NAME")
     p.add_argument("--draft", default=None, metavar="KIND",
                    help="only this draft kind (default: every kind the engine has)")
@@ -40,7 +41,8 @@ def register(sub) -> None:
 
 def _options(args):
     from ..errors import UsageError
-    from ..engine import config as C
+    from ..device import check_available, device_info
+    from ..engine.drafts import DRAFT_KINDS
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time}")
     if args.examples is not None and args.examples < 1:
@@ -49,15 +51,17 @@ def _options(args):
         raise UsageError(f"--shrink-time must be positive, got {args.shrink_time}")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.device not in ("sim", "cuda"):
-        raise UsageError(f"unknown device {args.device!r} (choose from sim, cuda)")
-    kinds = C.DRAFT_KINDS if args.draft is None else (args.draft,)
-    if args.draft is not None and args.draft not in C.DRAFT_KINDS:
-        raise UsageError(f"unknown draft kind {args.draft!r} (choose from {', '.join(C.DRAFT_KINDS)})")
+    try:
+        device_info(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    kinds = None if args.draft is None else (args.draft,)
+    if args.draft is not None and args.draft not in DRAFT_KINDS:
+        raise UsageError(f"unknown draft kind {args.draft!r} (choose from {', '.join(DRAFT_KINDS)})")
     checks = tuple(x for x in args.check.split(",") if x)
     try:
-        from invariants.base import make_checkers
-        make_checkers(checks)
+        from invariants.base import check_names
+        check_names(checks)
     except ValueError as e:
         raise UsageError(str(e)) from None
     faults = tuple(args.fault)
@@ -68,27 +72,23 @@ def _options(args):
     except ValueError as e:
         raise UsageError(str(e)) from None
     from .campaign import Options
-    if args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda needs a CUDA GPU and a CUDA build of torch")
+    try:
+        check_available(args.device)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
     seconds = args.time if args.time is not None else (None if args.examples else 60.0)
     return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
-                   models=(args.model,), draft_kinds=tuple(kinds), checks=checks, faults=faults,
+                   models=(args.model,), draft_kinds=kinds, checks=checks, faults=faults,
                    out=args.out, db=args.db, shrink_seconds=args.shrink_time)
 
 
-def _check_faults(faults) -> None:
+def _check_faults(faults, target: str = "reference") -> None:
     from ..errors import UsageError
-    if not faults:
-        return
+    from .. import targets
     try:
-        from ..faults import FAULTS
-    except ImportError:
-        raise UsageError(f"unknown fault {faults[0]!r} (this engine defines no faults yet)") from None
-    for f in faults:
-        if f not in FAULTS:
-            raise UsageError(f"unknown fault {f!r} (choose from {', '.join(sorted(FAULTS))})")
+        targets.get(target).check_faults(faults)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def run(args) -> int:

@@ -30,7 +30,8 @@ def _job_entry(args):
 def run_jobs(opts: Options, jobs: int) -> dict:
     t0 = time.monotonic()
     if jobs == 1:
-        if opts.device == "sim":
+        from ..device import device_info
+        if device_info(opts.device).cpu_work:
             # the sim runs thousands of tiny CPU ops per step: intra-op threads only add
             # contention (and the models are batch invariant on one thread)
             import torch

@@ -3,8 +3,9 @@
 Rules add requests, abort live ones, and run one engine step with a chosen stream
 stalled for that step (the schedule is part of the rules, so shrinking minimizes
 actions and schedule together). The checkers are fed every event; an ``@invariant``
-fails on the first violation. At teardown the engine drains and the end-of-run
-checks (leaks at idle, parity against a reference run of the same workload) run.
+fails on the first violation. At teardown the engine drains, the end-of-run checks
+(leaks at idle) run, and parity replays the run's events against the reference run
+of the workload the rules built (known only then).
 
 Use ``machine_for(config)`` to get a test class for your configuration::
 
@@ -19,11 +20,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
+from invariants import REGISTRY, make_checkers
+
 from ..device import make_runtime
 from ..device.sched import Stalls
 from ..engine import AbortAt, EngineConfig, RequestSpec, Workload, make_engine
-from .case import Case, ScheduleSpec
-from .checks import CheckSession
+from ..run import Case, Monitor, ScheduleSpec, reference_run
 from .strategies import STREAMS, VOCAB
 
 
@@ -50,9 +52,15 @@ class EngineMachine(RuleBasedStateMachine):
         self.rt = make_runtime("sim", strategy=self.strategy, access="declared")
         self.requests: List[RequestSpec] = []
         self.aborts: List[AbortAt] = []
-        self.session = CheckSession(self._case(), self.rt)
+        # every checker but parity, whose reference needs the whole workload
+        self.monitor = Monitor(make_checkers(n for n in REGISTRY if n != "parity"))
+        self.events: list = []
         self.engine = make_engine(self.config, self.rt, make_model(self.config.model),
-                                  self.session.feed)
+                                  self._observe)
+
+    def _observe(self, ev) -> None:
+        self.events.append(ev)
+        self.monitor(ev)
 
     def _case(self) -> Case:
         return Case(self.config, Workload(tuple(self.requests), tuple(self.aborts)),
@@ -87,7 +95,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_violations(self):
-        found = self.session.current()
+        found = self.monitor.findings()
         assert not found, "\n".join(f.text for f in found)
 
     def teardown(self):
@@ -96,9 +104,17 @@ class EngineMachine(RuleBasedStateMachine):
             self.engine.step()
             bound -= 1
         if bound == 0:
-            self.session.stuck(self.engine.iteration, "the engine did not drain at teardown")
-        self.session.case = self._case()
-        found = self.session.finish(self.engine.result())
+            self.monitor.stuck(self.engine.iteration, "the engine did not drain at teardown")
+        self.monitor.finish()
+        if self.requests:
+            parity = Monitor(make_checkers(["parity"], reference=reference_run(self._case())))
+            for ev in self.events:
+                parity(ev)
+            parity.finish()
+            self.monitor.violations += parity.violations
+            for f in parity.findings():
+                self.monitor.add(f)
+        found = self.monitor.findings()
         assert not found, "\n".join(f.text for f in found)
 
 

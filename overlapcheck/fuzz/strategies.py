@@ -11,14 +11,16 @@ random, PCT or BUGGIFY strategy for breadth.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hypothesis import strategies as st
 
 from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
-from ..engine.config import DRAFT_KINDS, RESERVE_RULES
+from ..device.sched import SEEDED as SEEDED_STRATEGIES
+from ..engine.config import RESERVE_RULES
+from ..engine.drafts import DRAFT_KINDS
 from ..engine.types import GREEDY, SEEDED
-from .case import Case, ScheduleSpec
+from ..run import Case, ScheduleSpec
 
 STREAMS = ("schedule", "forward", "copy", "backup")   # backup: with kv_backup only
 VOCAB = 64
@@ -48,7 +50,7 @@ def features(draw) -> Features:
 
 @st.composite
 def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
-            draft_kinds: Sequence[str] = DRAFT_KINDS) -> EngineConfig:
+            draft_kinds: Optional[Sequence[str]] = None) -> EngineConfig:
     page = draw(st.sampled_from((1, 1, 2, 4)))
     k = draw(st.integers(1, 4))
     margin = 2 * (k + 1)
@@ -61,7 +63,7 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         max_running=draw(st.integers(1, 6)), chunk_size=draw(st.integers(2, 32)),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
-        draft_kind=draw(st.sampled_from(tuple(draft_kinds))),
+        draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_model(models)),
         # the seeds' variants, each in a quarter of the examples
         verify_sync=draw(st.sampled_from((False, False, False, True))),
@@ -104,7 +106,9 @@ def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
 
 @st.composite
 def schedules(draw) -> ScheduleSpec:
-    kind = draw(st.sampled_from(("stalls", "stalls", "stalls", "random", "pct", "buggify")))
+    # explicit stalls in half the examples (eager is stalls with none), a seeded
+    # strategy in the other half
+    kind = draw(st.sampled_from(("stalls",) * len(SEEDED_STRATEGIES) + SEEDED_STRATEGIES))
     if kind != "stalls":
         return ScheduleSpec(kind, draw(st.integers(0, 2 ** 32 - 1)))
     # short stalls reorder a few ops; long ones keep a stream behind the host across
@@ -124,11 +128,11 @@ def schedules(draw) -> ScheduleSpec:
 
 @st.composite
 def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
-          models: Sequence[str] = ("oracle",), draft_kinds: Sequence[str] = DRAFT_KINDS,
-          config: EngineConfig = None) -> Case:
+          models: Sequence[str] = ("oracle",), draft_kinds: Optional[Sequence[str]] = None,
+          config: Optional[EngineConfig] = None) -> Case:
     """A whole fuzz case. ``config`` pins the engine configuration (the pytest
     fixture's "fuzz my config" mode); otherwise it is drawn too."""
     feat = draw(features())
     cfg = config if config is not None else draw(configs(feat, models, draft_kinds))
     return Case(cfg, draw(workloads(cfg, feat)), draw(schedules()), tuple(checks),
-                tuple(faults), draw(st.integers(0, 2 ** 16)))
+                tuple(faults))

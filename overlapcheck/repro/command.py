@@ -65,10 +65,10 @@ def run_replay(args) -> int:
 
 
 def run_trace(args) -> int:
-    from ..fuzz.execute import run_case
+    from ..run import execute
     from .trace import write_trace
     r = _load(args.file)
-    out = run_case(r.case, choices=r.choices)
+    out = execute(r.case, choices=r.choices)
     path = args.output or os.path.splitext(args.file)[0] + ".trace.json"
     write_trace(out, path)
     print(f"wrote {path} ({len(out.retired)} device ops, {out.steps} steps)")

@@ -1,9 +1,10 @@
 """The repro file: schema-versioned YAML, written atomically, loaded safely.
 
 A repro holds everything needed to reproduce one finding from the file alone: the
-case (config, workload, schedule, checkers, faults, seed), the recorded schedule
-choices, the finding, the trace digest of the run, and the overlapcheck version and
-commit that wrote it. Files are read with ``yaml.safe_load`` only (no tags construct
+case (target, config, workload, schedule, checkers, faults), the recorded schedule
+choices, the finding, the trace digest of the run, the target's engine version, and
+the overlapcheck version and commit that wrote it. Schema 2 added the target; a
+schema-1 file (the reference engine, with a ``seed`` field no run read) still loads. Files are read with ``yaml.safe_load`` only (no tags construct
 objects) and validated; anything else is a ``ReproError`` with a one-line message.
 """
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import List, Optional
 import yaml
 
 from .. import __version__
-from ..fuzz.case import Case, CaseError
-from ..fuzz.finding import Finding
+from ..device import DEVICES
+from ..run.case import SCHEMA, Case, CaseError
+from ..run.finding import Finding
 
-SCHEMA = 1
+SCHEMAS = (1, SCHEMA)    # the schemas this overlapcheck reads
 MAX_BYTES = 16 << 20
 _TOP = {"schema", "overlapcheck", "commit", "device", "case", "choices", "finding", "digest",
-        "steps", "requests", "note"}
+        "steps", "requests", "note", "engine_version"}
 
 
 class ReproError(ValueError):
@@ -41,9 +43,11 @@ class Repro:
     commit: str = ""
     version: str = __version__
     note: str = ""
+    engine_version: str = ""    # the target engine's version (vLLM's, SGLang's, ours)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "overlapcheck": self.version, "commit": self.commit,
+                "engine_version": self.engine_version,
                 "device": self.device, "note": self.note, "finding": self.finding.to_dict(),
                 "digest": self.digest, "steps": self.steps,
                 "requests": len(self.case.workload.requests),
@@ -105,12 +109,14 @@ def parse(doc) -> Repro:
     _need(isinstance(doc, dict), f"not a repro: expected a mapping at the top, got {type(doc).__name__}")
     unknown = sorted(set(map(str, doc)) - _TOP)
     _need(not unknown, f"unknown field {unknown[0]!r}" if unknown else "")
-    _need(doc.get("schema") == SCHEMA,
-          f"unsupported schema {doc.get('schema')!r} (this overlapcheck reads schema {SCHEMA})")
+    schema = doc.get("schema")
+    _need(schema in SCHEMAS and not isinstance(schema, bool),
+          f"unsupported schema {schema!r} (this overlapcheck reads schemas "
+          f"{', '.join(map(str, SCHEMAS))})")
     for key in ("case", "finding"):
         _need(key in doc, f"missing field {key!r}")
     try:
-        case = Case.from_dict(doc["case"])
+        case = Case.from_dict(doc["case"], schema)
     except CaseError as e:
         raise ReproError(str(e)) from None
     except (TypeError, ValueError, AttributeError, KeyError) as e:
@@ -128,13 +134,13 @@ def parse(doc) -> Repro:
     finding = Finding(f["checker"], tuple(map(str, f["site"])), int(f.get("step", 0)),
                       f.get("text", ""), dict(f.get("data") or {}))
     device = doc.get("device", "sim")
-    _need(device in ("sim", "cuda"), f"device: must be sim or cuda, got {device!r}")
-    for key in ("digest", "commit", "overlapcheck", "note"):
+    _need(device in DEVICES, f"device: must be one of {', '.join(DEVICES)}, got {device!r}")
+    for key in ("digest", "commit", "overlapcheck", "note", "engine_version"):
         _need(isinstance(doc.get(key, ""), str), f"{key}: expected text")
     _need(isinstance(doc.get("steps", 0), int), "steps: expected an integer")
     return Repro(case, choices, finding, doc.get("digest", ""), device,
                  doc.get("steps", 0), doc.get("commit", ""), doc.get("overlapcheck", ""),
-                 doc.get("note", ""))
+                 doc.get("note", ""), doc.get("engine_version", ""))
 
 
 def loads(text: str) -> Repro:

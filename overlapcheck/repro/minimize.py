@@ -12,8 +12,8 @@ import dataclasses
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from ..engine import RequestSpec, Workload
-from ..fuzz.case import Case
-from ..fuzz.execute import Outcome, run_case
+from ..run import Case
+from ..run import Outcome, execute
 from .format import Repro, current_commit
 
 
@@ -32,7 +32,7 @@ class _Search:
         if self.runs >= self.max_runs:
             raise _Budget()
         self.runs += 1
-        out = run_case(case)
+        out = execute(case)
         if any(f.key == self.key for f in out.findings):
             self.best = (case, out)
             return True

@@ -4,7 +4,8 @@
   (checker, site) shows again;
 * fixed (exit 0): the run follows the recorded choices and that finding is gone;
 * diverged (exit 3): the run no longer follows the recorded choices (the engine
-  changed under the repro), so the repro says nothing either way.
+  changed under the repro), or the repro was written against another version of its
+  target engine than the one installed, so the repro says nothing either way.
 
 A repro without recorded choices (e.g. from a GPU run) is replayed with its schedule
 spec on the sim instead.
@@ -15,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..fuzz.execute import Outcome, run_case
+from ..run import Outcome, execute
 from .format import Repro
 
 REPRODUCED, FIXED, DIVERGED = "reproduced", "fixed", "diverged"
@@ -25,7 +26,7 @@ EXIT = {REPRODUCED: 1, FIXED: 0, DIVERGED: 3}
 @dataclass
 class ReplayResult:
     verdict: str
-    outcome: Outcome
+    outcome: Optional[Outcome]
     digest_match: bool
     detail: str = ""
 
@@ -35,9 +36,19 @@ class ReplayResult:
 
 
 def replay(r: Repro, device: Optional[str] = None) -> ReplayResult:
+    """Replay ``r`` (on the sim unless ``device`` says otherwise). A target engine
+    that is missing raises ``TargetUnavailable``."""
+    from .. import targets
+    from ..device import device_info
+    target = targets.get(r.case.target)
+    installed = target.version()
+    if r.engine_version and r.engine_version != installed and r.case.target != "reference":
+        return ReplayResult(DIVERGED, None, False,
+                            f"the repro was written against {r.case.target} "
+                            f"{r.engine_version}; {installed} is installed")
     dev = device or "sim"
-    choices = r.choices if (dev == "sim" and r.choices is not None) else None
-    out = run_case(r.case, choices=choices, device=dev)
+    choices = r.choices if (device_info(dev).replayable and r.choices is not None) else None
+    out = execute(r.case, choices=choices, device=dev)
     if out.diverged:
         return ReplayResult(DIVERGED, out, False, out.diverged)
     match = next((f for f in out.findings if f.key == r.finding.key), None)

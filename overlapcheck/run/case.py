@@ -1,22 +1,23 @@
 """A fuzz case: everything one run needs, as plain data.
 
-A ``Case`` is an engine configuration, a workload, a schedule and the checkers to
-run. It round-trips through plain dicts (``to_dict``/``from_dict``), which is what a
+A ``Case`` is a target (the reference engine unless said otherwise), its
+configuration, a workload, a schedule, the checkers to run and the faults to switch
+on. It round-trips through plain dicts (``to_dict``/``from_dict``), which is what a
 repro file stores; ``from_dict`` validates and raises ``CaseError`` (one line) on bad
 input.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Tuple
 
 from .. import seeds
 from ..device.sched import STRATEGIES, Stalls, Strategy, make_strategy
-from ..engine import EngineConfig, Workload, WorkloadError
+from ..engine import Workload, WorkloadError
 from ..engine import workload as W
 
 SCHEDULE_KINDS = STRATEGIES + ("stalls",)
+SCHEMA = 2      # of the case inside a repro (overlapcheck.repro.format.SCHEMA)
 
 
 class CaseError(ValueError):
@@ -64,40 +65,58 @@ class ScheduleSpec:
 
 @dataclass(frozen=True)
 class Case:
-    config: EngineConfig
+    """``config`` is the target's config (``EngineConfig`` for the reference engine);
+    ``faults`` are switched on for the run (the reference engine's bug zoo, or a
+    target's re-created historical bugs)."""
+
+    config: object
     workload: Workload
     schedule: ScheduleSpec = ScheduleSpec()
-    checks: Tuple[str, ...] = ()          # empty: every checker
+    checks: Tuple[str, ...] = ()          # empty: every checker that applies
     faults: Tuple[str, ...] = ()
-    seed: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
+    target: str = "reference"
 
     def to_dict(self) -> dict:
-        cfg = {k: list(v) if isinstance(v, tuple) else v
-               for k, v in dataclasses.asdict(self.config).items()}
-        return {"config": cfg,
-                "workload": W.dump(self.workload),
-                "schedule": self.schedule.to_dict(),
-                "checks": list(self.checks), "faults": list(self.faults), "seed": self.seed}
+        from .. import targets
+        d = {"config": targets.get(self.target).config_to_dict(self.config),
+             "workload": W.dump(self.workload),
+             "schedule": self.schedule.to_dict(),
+             "checks": list(self.checks), "faults": list(self.faults)}
+        if self.target != "reference":
+            d = {"target": self.target, **d}
+        return d
 
     @staticmethod
-    def from_dict(d) -> "Case":
-        d = _mapping(d, "case", {"config", "workload", "schedule", "checks", "faults", "seed"})
+    def from_dict(d, schema: int = SCHEMA) -> "Case":
+        """A validated case. ``schema`` 1 (before targets) also had a ``seed`` field
+        that no run read: it is accepted there and ignored."""
+        from .. import targets
+        allowed = {"target", "config", "workload", "schedule", "checks", "faults"}
+        d = _mapping(d, "case", allowed | ({"seed"} if schema == 1 else set()))
         for key in ("config", "workload"):
             if key not in d:
                 raise CaseError(f"case: missing field {key!r}")
-        cfg_d = _mapping(d["config"], "config", {f.name for f in dataclasses.fields(EngineConfig)})
+        name = d.get("target", "reference")
+        if name not in targets.TARGETS:
+            raise CaseError(f"target: unknown target {name!r} (choose from "
+                            f"{', '.join(targets.TARGETS)})")
+        target = targets.get(name)
+        _mapping(d["config"], "config", target.config_fields())
         try:
-            cfg = EngineConfig(**cfg_d)
+            cfg = target.config_from_dict(d["config"])
         except (TypeError, ValueError) as e:
             raise CaseError(f"config: {e}") from None
         try:
             wl = W.parse(d["workload"], cfg)
         except WorkloadError as e:
             raise CaseError(str(e)) from None
+        faults = _names(d.get("faults", []), "faults")
+        try:
+            target.check_faults(faults)
+        except ValueError as e:
+            raise CaseError(f"faults: {e}") from None
         return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})),
-                    _names(d.get("checks", []), "checks"), _names(d.get("faults", []), "faults"),
-                    _int(d.get("seed", 0), "seed"))
+                    _names(d.get("checks", []), "checks"), faults, name)
 
 
 def _mapping(d, where: str, allowed) -> dict:

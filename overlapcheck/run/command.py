@@ -15,6 +15,9 @@ import sys
 
 
 def register(subparsers) -> None:
+    from ..device import ACCESS_MODES, DEVICES, STRATEGIES
+    from ..engine.config import RESERVE_RULES
+    from ..engine.drafts import DRAFT_KINDS
     p = subparsers.add_parser("run", help="run a workload through the reference engine",
                               description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
@@ -22,11 +25,11 @@ def register(subparsers) -> None:
                      help="generate N requests from --seed (default 16)")
     src.add_argument("--workload", metavar="FILE.yaml", help="load the workload from a YAML file")
     p.add_argument("--seed", type=int, default=0, help="run seed (workload, schedule)")
-    p.add_argument("--device", default="sim", choices=("sim", "cuda"))
+    p.add_argument("--device", default="sim", choices=tuple(DEVICES))
     p.add_argument("--model", default="oracle", metavar="MODEL", type=_model_name,
                    help="oracle, oracle-hostlens, tiny, trained, hf:DIR (HF-format "
                         "Llama/Qwen directory) or random:NAME (e.g. random:qwen3-0.6b)")
-    p.add_argument("--draft", default="standalone", choices=("standalone", "eagle", "mtp"),
+    p.add_argument("--draft", default="standalone", choices=tuple(DRAFT_KINDS),
                    help="draft kind (standalone model, EAGLE-style head, frozen-KV MTP)")
     p.add_argument("--spec-steps", type=int, default=3, metavar="K")
     p.add_argument("--page-size", type=int, default=1, metavar="P")
@@ -34,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--row-width", type=int, default=128, metavar="W")
     p.add_argument("--max-running", type=int, default=8, metavar="R")
     p.add_argument("--chunk-size", type=int, default=32, metavar="C")
-    p.add_argument("--draft-reserve", default="double", choices=("double", "exact"))
+    p.add_argument("--draft-reserve", default="double", choices=RESERVE_RULES)
     p.add_argument("--no-overlap", action="store_true", help="process each batch right after launch")
     p.add_argument("--no-spec", action="store_true", help="plain decode, one token per step")
     p.add_argument("--verify-sync", action="store_true",
@@ -56,8 +59,8 @@ def register(subparsers) -> None:
                    help="cuda: replay the model calls from CUDA graphs (turns the race "
                         "detector off: a graph's kernels are invisible to it)")
     p.add_argument("--schedule", default="random", metavar="STRATEGY",
-                   help="sim schedule strategy: eager, random, pct, buggify")
-    p.add_argument("--access", default="declared", choices=("declared", "infer"),
+                   help=f"sim schedule strategy: {', '.join(STRATEGIES)}")
+    p.add_argument("--access", default="declared", choices=ACCESS_MODES,
                    help="race detector access mode (infer: intercept every op)")
     p.add_argument("--check", default="all", metavar="NAMES",
                    help="comma-separated checkers to run (default all)")
@@ -69,7 +72,7 @@ def register(subparsers) -> None:
 def _model_name(text: str) -> str:
     """The *form* of a model name (argparse type); the model is resolved later."""
     import argparse
-    from .config import EngineConfig
+    from ..engine.config import EngineConfig
     try:
         EngineConfig(model=text)
     except ValueError as e:
@@ -102,7 +105,7 @@ def _checks(text: str):
 
 
 def _config(args):
-    from .config import EngineConfig
+    from ..engine.config import EngineConfig
     return EngineConfig(page_size=args.page_size, pool_tokens=args.pool_tokens,
                         row_width=args.row_width, max_running=args.max_running,
                         chunk_size=args.chunk_size, spec_steps=args.spec_steps,
@@ -114,15 +117,17 @@ def _config(args):
 
 def run(args) -> int:
     from ..errors import UsageError
-    from ..device import STRATEGIES, make_runtime
+    from ..device import STRATEGIES, check_available, device_info, make_runtime
     from fake_models import make_model
-    from invariants.drive import run_checked
     from invariants.runlog import RunLog
-    from .workload import WorkloadError, generate, load
+    from ..engine.workload import WorkloadError, generate, load
+    from .driver import execute
+    from .case import Case, ScheduleSpec
 
     checks = _checks(args.check)
     try:
         cfg = _config(args)
+        info = device_info(args.device)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.schedule not in STRATEGIES:
@@ -134,54 +139,57 @@ def run(args) -> int:
             args.seed, args.requests or 16, cfg)
     except WorkloadError as e:
         raise UsageError(str(e)) from None
-    if args.cuda_graphs and args.device != "cuda":
-        raise UsageError("--cuda-graphs needs --device cuda")
     if args.dist:
         from .dist import run_command
         return run_command(args, cfg, wl, checks)
-    if cfg.tp > 1 and args.device != "sim":
-        raise UsageError("logical tensor-parallel ranks run on the sim device; use --dist "
-                         "for real ranks on cuda")
+    if cfg.tp > 1 and not info.host_flags:
+        raise UsageError(f"logical tensor-parallel ranks need the sim device, not "
+                         f"{args.device!r}; use --dist for real ranks")
     try:
+        check_available(args.device)
         rt = make_runtime(args.device, seed=args.seed, strategy=args.schedule,
                           access=args.access, detect=not args.cuda_graphs,
                           graphs=args.cuda_graphs)
-    except RuntimeError as e:
-        raise UsageError(str(e)) from None
-    if args.device == "sim":
+    except (RuntimeError, ValueError) as e:
+        raise UsageError(str(e).replace("CUDA graphs need", "--cuda-graphs needs")) from None
+    if info.cpu_work:
         # thousands of tiny CPU ops per step: intra-op threads only add contention
         import torch
         torch.set_num_threads(1)
-    info = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
+    meta = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
             "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
     try:
-        log = RunLog(args.log, info) if args.log else None
+        log = RunLog(args.log, meta) if args.log else None
     except OSError as e:
         raise UsageError(f"cannot write {args.log}: {e.strerror}") from None
     try:
         model = make_model(cfg.model)
     except ValueError as e:   # fake_models.hf.ModelError: one line naming the file or tensor
         raise UsageError(str(e)) from None
-    run = run_checked(cfg, wl, checks, rt=rt, model=model, log=log)
-    res, found = run.result, run.violations
+    case = Case(cfg, wl, ScheduleSpec(args.schedule, args.seed), tuple(checks))
+    out = execute(case, runtime=rt, model=model, log=log, trace=False)
+    res, found = out.result, out.violations
     if args.json:
         doc = res.to_json() if res is not None else {"requests": [], "summary": None}
-        doc["run"] = dict(info, status=run.status)
-        doc["races"] = [r.to_json() for r in rt.reports]
+        doc["run"] = dict(meta, status=out.status)
+        doc["races"] = [r.to_json() for r in out.races]
         doc["violations"] = [v.to_json() for v in found]
+        doc["problems"] = [f.text for f in out.problems]
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
         if res is not None:
             _print_text(res)
         else:
-            print(f"run {run.status} at step {run.engine.iteration}")
-        for rep in rt.reports[:5]:
+            print(f"run {out.status} at step {out.steps}")
+        for rep in out.races[:5]:
             print(rep, file=sys.stderr)
         for v in found:
             print(v)
+        for f in out.problems:
+            print(f.text)
         if found:
             print(f"{len(found)} violation(s)")
-    return 1 if (found or rt.reports) else 0
+    return 1 if (found or out.races or out.problems) else 0
 
 
 def _print_text(res) -> None:

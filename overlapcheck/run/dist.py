@@ -40,13 +40,14 @@ def _rank_main(rank: int, job: dict, out: str) -> None:
 
 
 def _join(rank: int, job: dict) -> None:
-    """Join the group: NCCL on cuda (one device per rank), gloo on CPU; every
-    collective times out after the run's timeout."""
+    """Join the group with the device's collective backend (NCCL on a GPU, one device
+    per rank; gloo on the sim); every collective times out after the run's timeout."""
     import torch.distributed as dist
-    cuda = job["device"] == "cuda"
-    if cuda:
+    from ..device import device_info
+    info = device_info(job["device"])
+    if info.gpu:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank,
+    dist.init_process_group(info.collective, rank=rank,
                             init_method=f"tcp://127.0.0.1:{job['port']}",
                             world_size=job["cfg"].tp, timeout=timedelta(seconds=job["timeout"]))
 
@@ -54,21 +55,23 @@ def _join(rank: int, job: dict) -> None:
 def _run_rank(rank: int, job: dict, rt, model) -> dict:
     """Run the workload: rank 0 with the checkers (its report carries the result and
     the violations), the others without (their report says how they ended)."""
-    from overlapcheck.run import run_checked
-    from .loop import EngineStuck
+    from ..engine import EngineStuck
+    from .case import Case, ScheduleSpec
+    from .driver import execute
 
     def factory(cfg, rt, model, observer=None, strict=False):
         eng = DistRank(cfg, rt, model, observer, strict)
-        eng.rank, eng.exit_at = rank, _exit_step(rank)
+        eng.rank, eng.exit_at = rank, exit_step(rank)
         return eng
 
     cfg, wl = job["cfg"], job["workload"]
     if rank == 0:
-        run = run_checked(cfg, wl, job["checks"], rt=rt, model=model, engine_cls=factory)
-        return {"rank": 0, "status": run.status, "step": run.engine.iteration,
+        case = Case(cfg, wl, ScheduleSpec(job["schedule"], job["seed"]), tuple(job["checks"]))
+        run = execute(case, runtime=rt, model=model, engine=factory, trace=False)
+        return {"rank": 0, "status": run.status, "step": run.steps,
                 "result": run.result.to_json() if run.result is not None else None,
-                "violations": [str(v) for v in run.violations],
-                "races": [str(r) for r in rt.reports]}
+                "violations": [str(v) for v in run.violations] + [f.text for f in run.problems],
+                "races": [str(r) for r in run.races]}
     eng = factory(cfg, rt, model)
     try:
         eng.run(wl)

@@ -1,123 +1,190 @@
-"""Driving checkers over one run: the engine observer (``Monitor``) and a runner.
+"""The one run driver: run a case on its target with the checkers on, and say what
+was found.
 
-For one run::
+``execute(case)`` builds the target's session (for the reference engine: runtime,
+model and engine), feeds every event to the checkers through one ``Monitor``, and
+turns whatever ends the run — the end of the workload, a fatal checker, a wait that
+can never complete, the engine's step bound, an exception, a replay that no longer
+fits its recorded choices — into an ``Outcome``. Everything a finding needs to be
+reproduced is in it: the recorded decisions, the digest, the findings deduplicated
+by (checker, site). ``run``, ``fuzz``, ``replay``, ``minimize``, the pytest plugin,
+the tensor-parallel ranks and the benches all run cases through here.
 
-    checkers = make_checkers(names, reference=ref_result)   # names=() : all
-    mon = Monitor(checkers, log=RunLog(path, run_info))      # log optional
-    eng = Engine(cfg, rt, model, observer=mon)
-    try:
-        eng.run(workload)
-    except Halt:            # a fatal violation (liveness zombie) stopped the run
-        ...
-    except (StuckWait, EngineStuck):   # already reported as a liveness violation
-        ...
-    violations = mon.finish()
-
-``run_checked`` does all of that (and the parity reference run when asked).
+Parity's reference (``reference_run``) is the same workload on the target's
+reference config (for the reference engine: non-overlap, one rank, no seed variant,
+no fault) under the eager schedule with no detector.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+import traceback
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from overlapcheck.device import StuckWait, make_runtime
-from overlapcheck.engine import Engine, EngineConfig, EngineStuck, RunResult, make_engine
-from overlapcheck.engine import events as E
+from invariants.base import Violation, make_checkers
 
-from .base import Checker, Violation, make_checkers
+from .. import targets
+from ..device import Diverged, Replay, StuckWait
+from ..device.sched import Eager
+from ..engine import EngineStuck, RunResult
+from ..engine import events as E
+from .case import Case, ScheduleSpec
+from .finding import ENGINE_EXCEPTION, Finding
+from .monitor import Halt, Monitor
 
-
-class Halt(Exception):
-    """A fatal checker reported: the run stops (``violation`` says why)."""
-
-    def __init__(self, violation: Violation):
-        super().__init__(str(violation))
-        self.violation = violation
-
-
-class Monitor:
-    """The engine's observer: feeds each event to every checker (and to ``log``),
-    collects violations; raises ``Halt`` on a fatal checker's violation."""
-
-    def __init__(self, checkers: Sequence[Checker], log=None, stop_on_fatal: bool = True):
-        self.checkers = list(checkers)
-        self.log = log
-        self.stop_on_fatal = stop_on_fatal
-        self.violations: List[Violation] = []
-
-    def __call__(self, event) -> None:
-        if self.log is not None:
-            self.log.event(event)
-        for c in self.checkers:
-            found = c.feed(event)
-            if found:
-                self._add(found)
-                if c.fatal and self.stop_on_fatal and not isinstance(event, E.Stalled):
-                    raise Halt(found[0])
-
-    def _add(self, found: List[Violation]) -> None:
-        self.violations.extend(found)
-        if self.log is not None:
-            for v in found:
-                self.log.violation(v)
-
-    def finish(self) -> List[Violation]:
-        """End of the run: collect what only the end shows; returns all violations."""
-        for c in self.checkers:
-            self._add(c.finish())
-        return self.violations
+COMPLETED, HALTED, STALLED, CRASHED, DIVERGED = (
+    "completed", "halted", "stalled", "crashed", "diverged")
 
 
 @dataclass
-class CheckedRun:
-    result: Optional[RunResult]
+class Outcome:
+    """What one run gave. ``status``: completed, halted (a fatal checker stopped it),
+    stalled (a wait that can never complete, or the step bound), crashed (the engine
+    raised), diverged (a replay left its recorded choices; ``diverged`` says how:
+    findings are then empty, since the run says nothing either way)."""
+
+    findings: List[Finding]
     violations: List[Violation]
-    status: str                 # completed, halted (fatal violation) or stalled
-    rt: object
-    engine: Engine
+    status: str
+    result: Optional[RunResult]
+    steps: int
+    choices: List[int]
+    digest: str
+    diverged: Optional[str] = None
+    retired: list = field(default_factory=list)
+    marks: list = field(default_factory=list)   # (iteration, clock) at each step end
+    races: list = field(default_factory=list)
+    problems: List[Finding] = field(default_factory=list)   # findings no checker made
+    engine: object = None
+    rt: object = None
 
 
-def reference_run(cfg: EngineConfig, workload, model=None) -> RunResult:
-    """The parity reference: the same workload and model on the standard schedule —
-    non-overlap, one rank, none of the seed variants (zero-bubble, verify sync, KV
-    backup), no fault — on the eager sim with the detector off. A variant or a fault
-    that changes tokens or accept lengths, even without overlap, shows as a parity
-    finding."""
-    from fake_models import make_model
-    rt = make_runtime("sim", seed=0, strategy="eager", detect=False)
-    model = model if model is not None else make_model(cfg.model)
-    std = dataclasses.replace(cfg, overlap=False, tp=1, zero_bubble=False, verify_sync=False,
-                              kv_backup=False, faults=())
-    return Engine(std, rt, model).run(workload)
+def digest_of(result: Optional[RunResult], retired) -> str:
+    h = hashlib.sha256()
+    if result is not None:
+        h.update(json.dumps(result.to_json(), sort_keys=True).encode())
+    for stream, name, _ in retired:
+        h.update(f"{stream}|{name};".encode())
+    return h.hexdigest()[:16]
 
 
-def run_checked(cfg: EngineConfig, workload, checks: Sequence[str] = (), seed: int = 0,
-                device: str = "sim", strategy="random", access: str = "declared",
-                model=None, reference: Optional[RunResult] = None, log=None,
-                max_steps: Optional[int] = None, engine_cls=make_engine, rt=None,
-                **context) -> CheckedRun:
-    """Run ``workload`` with the checkers ``checks`` (empty: all) on. Parity's
-    reference is ``reference`` or, when parity is on, a fresh ``reference_run``.
-    ``engine_cls`` (default ``make_engine``: TP ranks when ``cfg.tp > 1``) lets a test
-    plant a bug through an ``Engine`` subclass."""
-    from fake_models import make_model
-    model = model if model is not None else make_model(cfg.model)
-    if reference is None and (not checks or "parity" in checks):
-        reference = reference_run(cfg, workload, model)
-    checkers = make_checkers(checks, reference=reference, **context)
-    mon = Monitor(checkers, log=log)
-    if rt is None:
-        rt = make_runtime(device, seed=seed, strategy=strategy, access=access)
-    eng = engine_cls(cfg, rt, model, mon)
-    result, status = None, "completed"
+def _exception_finding(exc: BaseException, step: int) -> Finding:
+    tb = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in tb if any(p in f.filename for p in ("overlapcheck", "fake_models", "invariants"))]
+    frames = ours or tb
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+    text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {where})"
+    return Finding(ENGINE_EXCEPTION, (type(exc).__name__, where), step, text)
+
+
+def checker_names(case: Case) -> List[str]:
+    """The checkers a case runs: its ``checks``, or every registered checker that
+    reads what its target emits."""
+    from invariants.base import REGISTRY, checker_class
+    if case.checks:
+        return list(case.checks)
+    target = targets.get(case.target)
+    return [n for n in REGISTRY if target.applies(checker_class(n))]
+
+
+def reference_run(case: Case, model=None) -> RunResult:
+    """The parity reference of ``case``: its workload on the target's reference config,
+    eager, no detector, no checker."""
+    target = targets.get(case.target)
+    options = {"model": model} if model is not None else {}
+    session = target.open(target.reference_config(case.config), Eager(), None,
+                          detect=False, trace=False, **options)
+    return session.run(case.workload)
+
+
+def _context(case: Case, names: Sequence[str], model, reference) -> dict:
+    """What checkers need beyond the events: parity's reference run (none when that
+    run fails: the run under test reports the engine's failures)."""
+    if "parity" not in names or not case.workload.requests:
+        return {}
+    if reference is None:
+        try:
+            reference = reference_run(case, model)
+        except Exception:  # noqa: BLE001
+            return {}
+    return {"reference": reference}
+
+
+def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, log=None,
+            max_steps: Optional[int] = None, context: Optional[dict] = None,
+            trace: bool = True, **options) -> Outcome:
+    """Run ``case``; with ``choices``, replay them exactly. ``reference``: parity's
+    reference ``RunResult`` (default: ``reference_run``); ``log``: a ``RunLog``;
+    ``context``: more checker context (e.g. ``liveness_bound``); ``options`` go to
+    the target (reference engine: ``device``, ``model``, ``runtime``, ``access``,
+    ``engine`` — an engine factory a test plants a bug through)."""
+    target = targets.get(case.target)
+    names = checker_names(case)
+    ctx = _context(case, names, options.get("model"), reference)
+    ctx.update(context or {})
+    monitor = Monitor(make_checkers(names, **ctx), log=log)
+    strategy = Replay(choices) if choices is not None else case.schedule.make()
+    marks: list = []
+    session = None
+
+    def observer(ev) -> None:
+        monitor(ev)
+        if isinstance(ev, E.StepEnd):
+            marks.append((ev.iteration, session.clock))
+
+    session = target.open(case.config, strategy, observer, case.faults, trace=trace, **options)
+    result, status, diverged = None, COMPLETED, None
     try:
-        result = eng.run(workload, max_steps=max_steps)
+        result = session.run(case.workload, max_steps=max_steps)
+    except Diverged as e:
+        status, diverged = DIVERGED, str(e)
     except Halt:
-        status = "halted"
-    except (StuckWait, EngineStuck):
-        status = "stalled"
-    violations = mon.finish()
+        status = HALTED    # a fatal checker (liveness) reported: a finding already
+    except (EngineStuck, StuckWait) as e:
+        status = STALLED
+        monitor.stuck(session.iteration, str(e))
+    except Exception as e:  # noqa: BLE001 - the engine's own failure is a finding
+        status = CRASHED
+        monitor.problem(_exception_finding(e, session.iteration))
+    if diverged is None and isinstance(strategy, Replay) and not strategy.exhausted:
+        status, diverged = DIVERGED, (f"the run ended after {strategy.pos} of "
+                                      f"{len(strategy.choices)} recorded decisions")
+    violations = monitor.finish() if diverged is None else []
     if log is not None:
-        log.end(status, eng.iteration)
-    return CheckedRun(result, violations, status, rt, eng)
+        log.end(status, session.iteration)
+    retired = session.retired
+    return Outcome(monitor.findings() if diverged is None else [], violations, status, result,
+                   session.iteration, session.choices, digest_of(result, retired), diverged,
+                   retired, marks, session.races, monitor.problems, session.engine,
+                   session.runtime)
+
+
+_RUN_OPTIONS = {"choices", "reference", "log", "max_steps", "context", "trace", "device",
+                "model", "runtime", "access", "detect", "engine"}
+
+
+def run_checked(cfg, workload, checks: Sequence[str] = (), seed: int = 0,
+                strategy: str = "random", **kw) -> Outcome:
+    """``execute`` of the reference-engine case (``cfg``, ``workload``, the named
+    ``strategy`` seeded with ``seed``, ``checks``: empty for all). Keywords that are
+    not run options are checker context (``parity_accept``, ``liveness_bound``)."""
+    context = {k: kw.pop(k) for k in list(kw) if k not in _RUN_OPTIONS}
+    if context:
+        kw["context"] = {**kw.get("context", {}), **context}
+    return execute(Case(cfg, workload, ScheduleSpec(strategy, seed), tuple(checks)), **kw)
+
+
+def run_workload(cfg, workload, device: str = "sim", seed: int = 0, strategy: str = "random",
+                 detect: bool = True, access: str = "declared", observer=None,
+                 model=None) -> RunResult:
+    """The reference engine on ``workload`` with no checker: its ``RunResult`` (the
+    runtime's race reports are counted in the summary)."""
+    from ..device import make_strategy
+    from .. import seeds
+    options = {"model": model} if model is not None else {}
+    session = targets.get("reference").open(
+        cfg, make_strategy(strategy, seeds.stream(seed, "schedule")), observer, device=device,
+        detect=detect, access=access, **options)
+    return session.run(workload)

@@ -1,87 +1,96 @@
-"""One run's checkers: built from the case, fed the engine's events, finished at
-the end, their violations turned into deduplicated findings."""
+"""The observer that feeds checkers: every event to every checker, violations
+collected in order and deduplicated into findings by (checker, site).
+
+A checker that raises on an event (values read too early can be anything) is a
+finding of its own, naming the checker; the run goes on without it. A ``fatal``
+checker's violation (liveness: a zombie) raises ``Halt``, so the run stops there
+instead of at the engine's step bound.
+"""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Sequence
 
-from invariants.base import Violation, make_checkers
+from invariants.base import Checker, Violation
+from overlapcheck.engine import events as E
 
-from .case import Case
+from .finding import Finding
 
 
-class CheckSession:
-    def __init__(self, case: Case, rt):
-        self.case = case
-        self.rt = rt
-        self.checkers = make_checkers(case.checks, **_context(case))
-        self._found: Dict[tuple, "object"] = {}
-        self._last_step = 0
+class Halt(Exception):
+    """A fatal checker reported: the run stops (``violation`` says why)."""
 
-    def _violation(self, v: Violation) -> None:
-        from .execute import Finding
-        f = Finding(v.checker, tuple(map(str, v.site)), v.step, str(v), v.to_json())
-        self.add(f)
+    def __init__(self, violation: Violation):
+        super().__init__(str(violation))
+        self.violation = violation
 
-    def add(self, f) -> None:
-        self._found.setdefault(f.key, f)
 
-    def feed(self, ev) -> None:
-        """Feed one event; raise ``Halted`` when a fatal checker (liveness: a zombie)
-        reported, so the run stops there instead of at the engine's step bound."""
-        from invariants.drive import Halt
-        from overlapcheck.engine import events as E
-        self._last_step = ev.iteration
-        for c in list(self.checkers):
+class Monitor:
+    """``Monitor(checkers, log=None)`` is the engine's observer. ``violations``: every
+    violation in order; ``findings()``: one per (checker, site), the first seen."""
+
+    def __init__(self, checkers: Sequence[Checker], log=None):
+        self.checkers = list(checkers)
+        self.log = log
+        self.violations: List[Violation] = []
+        self.problems: List[Finding] = []     # findings that are no checker's violation
+        self._found: Dict[tuple, Finding] = {}
+
+    def __call__(self, ev) -> None:
+        if self.log is not None:
+            self.log.event(ev)
+        for c in tuple(self.checkers):
             try:
                 found = c.feed(ev)
             except Exception as e:  # noqa: BLE001 - a checker bug, reported as such
                 self._crashed(c, ev, e)
                 continue
-            for v in found:
-                self._violation(v)
-            if found and c.fatal and not isinstance(ev, E.Stalled):
-                raise Halt(found[0])
+            if found:
+                for v in found:
+                    self._violation(v)
+                if c.fatal and not isinstance(ev, E.Stalled):
+                    raise Halt(found[0])
 
-    def _crashed(self, checker, ev, exc: Exception) -> None:
-        """A checker raised on an event (values read too early can be anything): that
-        is a finding of its own, naming the checker; the run goes on without it."""
-        from .execute import Finding
+    def _violation(self, v: Violation) -> None:
+        self.violations.append(v)
+        if self.log is not None:
+            self.log.violation(v)
+        self.add(Finding(v.checker, tuple(map(str, v.site)), v.step, str(v), v.to_json()))
+
+    def _crashed(self, checker: Checker, ev, exc: Exception) -> None:
         self.checkers.remove(checker)
         kind = type(ev).__name__
-        self.add(Finding(checker.name, ("checker-crashed", kind, type(exc).__name__),
+        self.problem(Finding(checker.name, ("checker-crashed", kind, type(exc).__name__),
                          ev.iteration, f"[{checker.name}] step {ev.iteration}: the checker "
                          f"crashed on event {kind}: {type(exc).__name__}: {exc}"))
+
+    def add(self, f: Finding) -> None:
+        self._found.setdefault(f.key, f)
+
+    def problem(self, f: Finding) -> None:
+        """A finding that is no checker's violation: an engine exception, a checker
+        that crashed, a run that got stuck with liveness off."""
+        self.problems.append(f)
+        self.add(f)
 
     def stuck(self, step: int, message: str) -> None:
         """The engine stopped on its own bound or a wait that can never complete. The
         liveness checker reports it from the engine's ``Stalled`` event; this is the
         fallback when liveness is off."""
-        from .execute import Finding
         if not any(f.checker == "liveness" for f in self._found.values()):
-            self.add(Finding("liveness", ("engine-stuck",), step,
+            self.problem(Finding("liveness", ("engine-stuck",), step,
                              f"[liveness] step {step}: {message}"))
 
-    def current(self) -> List:
-        """Findings so far."""
+    def findings(self) -> List[Finding]:
         return list(self._found.values())
 
-    def finish(self, result: Optional[object]) -> List:
-        for c in self.checkers:
-            for v in c.finish():
+    def finish(self) -> List[Violation]:
+        """End of the run: what only the end shows; returns every violation."""
+        for c in tuple(self.checkers):
+            try:
+                found = c.finish()
+            except Exception as e:  # noqa: BLE001
+                self._crashed(c, E.RunEnd(-1, -1, None), e)
+                continue
+            for v in found:
                 self._violation(v)
-        return list(self._found.values())
-
-
-def _context(case: Case) -> dict:
-    """What checkers need beyond the events: parity's reference, the clean engine's
-    non-overlap run of the same workload (no reference when that run fails)."""
-    if (case.checks and "parity" not in case.checks) or not case.workload.requests:
-        return {}       # (a state machine feeds its requests as it goes: no reference)
-    import dataclasses
-
-    from invariants.drive import reference_run
-    try:
-        return {"reference": reference_run(dataclasses.replace(case.config, faults=()),
-                                           case.workload)}
-    except Exception:  # noqa: BLE001 - the run under test reports the engine's failures
-        return {}
+        return self.violations

@@ -33,7 +33,7 @@ def _check_device(device: str) -> None:
     from ..device import DEVICES
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-    if device == "cuda":
+    if DEVICES[device].gpu:
         import importlib.util
 
         import torch
@@ -57,7 +57,8 @@ def run(args) -> int:
         for c in cases:
             print(f"{c.name:<46} {'race' if c.expect_race else 'twin':<5} {c.description}")
         return 0
-    sanitize = args.device == "cuda" and not args.no_sanitizer
+    from ..device import DEVICES
+    sanitize = DEVICES[args.device].gpu and not args.no_sanitizer
     verdicts = runner.run_catalogue(args.device, args.seed, [c.name for c in cases], sanitize)
     counts = runner.summary(verdicts)
     if args.json:
@@ -95,9 +96,10 @@ def table(verdicts, with_sanitizer: bool) -> List[str]:
 
 
 def summary_line(device: str, seed: int, c: dict) -> str:
+    from ..device import DEVICES
     from .runner import schedules
     n = len(schedules(device, seed))
-    where = f"{n} schedules per case, seed {seed}" if device == "sim" else "one run per case"
+    where = f"{n} schedules per case, seed {seed}" if DEVICES[device].replayable else "one run per case"
     verdict = "PASS" if c["failed"] == 0 else "FAIL"
     return (f"selftest {device}: {verdict}: {c['races_flagged']}/{c['races']} planted races "
             f"flagged, {c['twins_flagged']}/{c['twins']} twins flagged, {c['ok']}/{c['cases']} "

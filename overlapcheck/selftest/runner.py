@@ -17,7 +17,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from .cases import ANNOTATION, Case, catalogue
 
-SEEDED = ("random", "pct", "buggify")
 SEEDS_PER_STRATEGY = 3
 
 
@@ -71,8 +70,10 @@ def first_report(runs: List[Run]) -> Optional[str]:
 
 def schedules(device: str, seed: int) -> List[Tuple[str, int]]:
     """The (strategy, seed) pairs a case runs under on ``device``."""
-    if device != "sim":
+    from ..device import device_info
+    if not device_info(device).replayable:
         return [("-", seed)]
+    from ..device.sched import SEEDED
     return [("eager", seed)] + [(s, seed + i) for s in SEEDED for i in range(SEEDS_PER_STRATEGY)]
 
 
@@ -80,10 +81,7 @@ def run_once(case: Case, device: str, strategy: str, seed: int) -> Run:
     """Run ``case`` on a fresh runtime, synchronize, and collect what was found."""
     from ..device import AnnotationError, make_runtime
 
-    if device == "sim":
-        rt = make_runtime("sim", seed=seed, strategy=strategy)
-    else:
-        rt = make_runtime(device)
+    rt = make_runtime(device, seed=seed, strategy=strategy)   # the strategy: replayable ones
     kinds, first, error = set(), None, None
     try:
         case.run(rt)

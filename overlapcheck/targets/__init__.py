@@ -1,0 +1,29 @@
+"""Targets: the engines overlapcheck drives and checks alike.
+
+``TARGETS`` maps a name to the class that adapts it (imported on first use, so that
+the command line answers without importing an engine); ``get(name)`` builds it. The
+reference engine is always there; the others need their engine installed (an
+optional extra) and say how to install it when it is missing.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+from .base import Chooser, Session, Target, TargetUnavailable
+
+# name -> "module:Class"
+TARGETS: Dict[str, str] = {
+    "reference": "overlapcheck.targets.reference:ReferenceTarget",
+}
+
+__all__ = ["TARGETS", "Chooser", "Session", "Target", "TargetUnavailable", "get"]
+
+
+def get(name: str) -> Target:
+    """The target called ``name`` (``ValueError``, one line, for an unknown name)."""
+    try:
+        module, cls = TARGETS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown target {name!r} (choose from {', '.join(TARGETS)})") from None
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,82 @@
+"""The reference engine as a target: overlapcheck's own spec-v2 overlap engine on a
+device runtime (``sim`` or ``cuda``), with the bug zoo's faults."""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+from .base import Session, Target
+
+
+class ReferenceSession(Session):
+    def __init__(self, engine, runtime):
+        self.engine, self.runtime = engine, runtime
+
+    @property
+    def iteration(self) -> int:
+        return self.engine.iteration
+
+    @property
+    def clock(self) -> int:
+        return getattr(self.runtime, "calls", 0)
+
+    @property
+    def choices(self) -> List[int]:
+        return list(self.runtime.choices)
+
+    @property
+    def retired(self) -> list:
+        return list(getattr(self.runtime, "retired", ()))
+
+    @property
+    def races(self) -> list:
+        return self.runtime.reports
+
+    def run(self, workload, max_steps: Optional[int] = None):
+        return self.engine.run(workload, max_steps=max_steps)
+
+
+class ReferenceTarget(Target):
+    name = "reference"
+    install = "pip install overlapcheck"
+
+    @property
+    def config_type(self):
+        from ..engine import EngineConfig
+        return EngineConfig
+
+    def version(self) -> str:
+        from .. import __version__
+        return __version__
+
+    def reference_config(self, cfg):
+        """The standard schedule: non-overlap, one rank, none of the seed variants
+        (zero-bubble, verify sync, KV backup), no fault."""
+        return dataclasses.replace(cfg, overlap=False, tp=1, zero_bubble=False,
+                                   verify_sync=False, kv_backup=False, faults=())
+
+    def faults(self) -> dict:
+        from ..faults import FAULTS
+        return FAULTS
+
+    def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
+             model=None, runtime=None, access="declared", detect=True, engine=None,
+             trace=False, **options) -> ReferenceSession:
+        """``runtime``: a runtime built by the caller (``strategy`` and ``device`` are
+        then its own); ``engine``: an engine factory ``(cfg, rt, model, observer)``
+        (default: ``make_engine``, tensor-parallel ranks when ``cfg.tp > 1``);
+        ``trace``: record the device work that runs (replayable runtimes)."""
+        from fake_models import make_model
+        from ..device import make_runtime
+        from ..engine import make_engine
+        if options:
+            raise ValueError(f"unknown run option {sorted(options)[0]!r} for the reference engine")
+        if faults:
+            cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults) + tuple(faults))))
+        rt = runtime if runtime is not None else make_runtime(
+            device, strategy=strategy, access=access, detect=detect)
+        if trace and rt.replayable:
+            rt.trace = True
+        factory = engine if engine is not None else make_engine
+        return ReferenceSession(factory(cfg, rt, model if model is not None else make_model(cfg.model),
+                                        observer), rt)
