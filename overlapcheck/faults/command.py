@@ -7,7 +7,7 @@ import textwrap
 
 def register(sub) -> None:
     p = sub.add_parser("faults", help="list the bug zoo's faults",
-                       description="List the named faults of the bug zoo: DESIGN class, the "
+                       description="List the named faults of the bug zoo: bug-zoo class (docs/design.md §7), the "
                                    "guarded site, the mechanism, the public bug it mirrors, "
                                    "the checker expected to catch it and its trigger.")
     p.add_argument("--json", action="store_true", help="print the list as JSON")

@@ -1,4 +1,4 @@
-"""The bug zoo's catalogue: one ``Fault`` entry per named fault (DESIGN §7).
+"""The bug zoo's catalogue: one ``Fault`` entry per named fault (docs/design.md §7).
 
 Each fault is one guarded site in the reference engine (``if self.faults.on(NAME):``)
 that re-creates a bug class seen in public overlap-scheduling engines. The entry says
@@ -15,7 +15,7 @@ from typing import Dict
 @dataclass(frozen=True)
 class Fault:
     name: str
-    cls: int          # DESIGN §7 class number (19+: classes added from public code)
+    cls: int          # docs/design.md §7 class number (19+: classes added from public code)
     site: str         # file and function of the guarded site
     mechanism: str    # what the faulty engine does
     mirrors: str      # the public bug class it re-creates
@@ -50,7 +50,7 @@ _ENTRIES = (
           "SGLang spec v2: verify preparation overwriting request->token cells the draft is "
           "still reading (accept length drops, no crash)",
           "stream-race", "overlap, spec, a request decoding in consecutive batches"),
-    Fault("unaligned-tail-free", 4, "engine/accounting.py Memory.release",
+    Fault("unaligned-tail-free", 4, "engine/accounting.py Memory._release_range",
           "the release counts committed pages by floor division and the over-allocated tail "
           "in whole pages, so a page holding both committed and reserved tokens is freed by "
           "neither part: one page stranded per request",
@@ -65,14 +65,14 @@ _ENTRIES = (
           "boundary (leak plus a clobbered neighbouring row)",
           "kv-accounting", "overlap, k >= 1, a request decoding to within k tokens of its "
           "context limit"),
-    Fault("retract-inferred-free", 6, "engine/accounting.py Memory.release",
+    Fault("retract-inferred-free", 6, "engine/accounting.py Memory._release_range",
           "on retraction the pages to free are computed from the host-inferred sequence "
           "length (prompt + output) instead of the page list; the draft reserve beyond it "
           "is never freed",
           "SGLang: release computed from inferred seq lens instead of committed/allocated "
           "lengths (double or missed frees across overlap x page x spec x retract/finish)",
           "kv-accounting", "a retraction under memory pressure of a request holding reserve"),
-    Fault("teardown-skips-draft", 7, "engine/accounting.py Memory.release",
+    Fault("teardown-skips-draft", 7, "engine/accounting.py Memory._release_range",
           "the tear-down of a request that still rides an unprocessed batch frees only its "
           "prefill/decode pages, leaving the draft-reserve pages to a verify-side free that "
           "never happens: a fixed leak per request finished under overlap",
@@ -92,9 +92,10 @@ _ENTRIES = (
           "SGLang spec metrics: finished or retracted requests in the lagged batch counted "
           "again (mean accept length reported too low)",
           "metrics", "overlap and spec; a request finishing while riding the next batch"),
-    Fault("abort-zombie", 10, "engine/scheduler.py Scheduler._decodable",
-          "a request marked aborted keeps being scheduled for decode; its teardown waits "
-          "until it rides no unprocessed batch, which under overlap never happens again",
+    Fault("abort-zombie", 10, "engine/loop.py Engine._process",
+          "an abort that arrives while the request rides a prefill batch is deferred to that "
+          "batch's result and then never carried out: the request is neither torn down nor "
+          "scheduled again, a zombie that keeps the engine from going idle",
           "SGLang: abort arriving in the batch-transition window leaves a zombie request "
           "that decodes forever",
           "liveness", "overlap; an abort arriving while the request rides a batch"),
@@ -167,7 +168,7 @@ _ENTRIES = (
           "earlier, builds other batches (or none) and leaves an all-reduce unjoined: the "
           "ranks deadlock",
           "SGLang #27221/#27164: TP ranks deciding from per-rank clocks diverge on batch "
-          "composition, NCCL collectives mismatch, a permanent TP deadlock (DESIGN §7 "
+          "composition, NCCL collectives mismatch, a permanent TP deadlock (docs/design.md §7 "
           "class 16: ranks disagreeing on whether to overlap a step)",
           "rank-agreement", "tp >= 2, overlap, a rank whose previous result landed before "
           "it launched the next batch"),
