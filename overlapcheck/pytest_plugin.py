@@ -1,4 +1,4 @@
-"""pytest plugin (entry point ``pytest11``): fixtures, markers, options, profiles.
+"""pytest plugin (entry point ``pytest11``): fixtures, markers and options.
 
 * ``overlapcheck_run(config, workload, schedule=None)``: run one case with every
   checker on; on a finding, write its repro and fail the test with the finding.
@@ -6,12 +6,13 @@
   (workloads and schedules drawn by Hypothesis); a finding fails the test with its
   shrunk repro written.
 * markers ``gpu`` (skipped without CUDA) and ``nightly`` (long runs);
-* options ``--overlapcheck-device``, ``--overlapcheck-seed``, ``--overlapcheck-repro-dir``;
-* Hypothesis profiles ``ci`` (derandomized; loaded when ``CI`` is set), ``dev`` and
-  ``nightly`` (example database on disk); ``HYPOTHESIS_PROFILE`` picks one explicitly.
+* options ``--overlapcheck-device``, ``--overlapcheck-seed``, ``--overlapcheck-repro-dir``.
 
-Imports of torch and the engine happen inside the fixtures, so collecting a test
-suite that does not use them costs nothing. Repro names are content-addressed and
+The plugin is installed wherever overlapcheck is, so it costs nothing where it is not
+used: it imports neither Hypothesis nor torch nor the engine until a fixture runs, and
+it loads no Hypothesis profile of its own. Its profiles (``overlapcheck.profiles``:
+``overlapcheck-ci``, ``-dev``, ``-nightly``) are registered only when
+``--hypothesis-profile`` names one of them. Repro names are content-addressed and
 written atomically, so the plugin is safe under pytest-xdist.
 """
 from __future__ import annotations
@@ -20,12 +21,11 @@ import os
 
 import pytest
 
-NIGHTLY_DB = ".overlapcheck/hypothesis-db"
-
 
 def pytest_addoption(parser):
+    from .device import DEVICES
     g = parser.getgroup("overlapcheck")
-    g.addoption("--overlapcheck-device", default="sim", choices=("sim", "cuda"),
+    g.addoption("--overlapcheck-device", default="sim", choices=tuple(DEVICES),
                 help="device backend for overlapcheck fixtures (default sim)")
     g.addoption("--overlapcheck-seed", type=int, default=0,
                 help="seed for overlapcheck fixtures (default 0)")
@@ -33,25 +33,17 @@ def pytest_addoption(parser):
                 help="where overlapcheck fixtures write repros of findings")
 
 
-def _register_profiles():
-    from hypothesis import HealthCheck, settings
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
-    settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
-                              database=None, suppress_health_check=slow)
-    settings.register_profile("dev", deadline=None, max_examples=100)
-    settings.register_profile("nightly", deadline=None, max_examples=2000,
-                              database=DirectoryBasedExampleDatabase(NIGHTLY_DB),
-                              suppress_health_check=slow)
-    name = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else None)
-    if name:
-        settings.load_profile(name)
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "nightly: long runs for the nightly tier")
-    _register_profiles()
+    from .profiles import PREFIX, register
+    try:
+        wanted = config.getoption("--hypothesis-profile")
+    except ValueError:      # Hypothesis' own plugin is not active
+        wanted = None
+    if wanted and str(wanted).startswith(PREFIX):
+        register()          # before Hypothesis' plugin loads the profile
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,10 +63,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _write_repro(request, case, out, finding) -> str:
+    from .device import device_info
     from .repro.format import Repro, current_commit, save
     folder = request.config.getoption("--overlapcheck-repro-dir")
+    device = request.config.getoption("--overlapcheck-device")
     path = os.path.join(folder, f"{finding.ident}.yaml")
-    save(Repro(case, out.choices, finding, out.digest, steps=out.steps,
+    choices = out.choices if device_info(device).replayable else None
+    save(Repro(case, choices, finding, out.digest, device=device, steps=out.steps,
                commit=current_commit(), note=f"from {request.node.nodeid}"), path)
     return path
 
@@ -86,10 +81,9 @@ def overlapcheck_run(request):
     seed = request.config.getoption("--overlapcheck-seed")
 
     def run(config, workload, schedule=None, checks=()):
-        from .fuzz import Case, ScheduleSpec, run_case
-        case = Case(config, workload, schedule or ScheduleSpec("random", seed), tuple(checks),
-                    seed=seed)
-        out = run_case(case, device=device)
+        from .run import Case, ScheduleSpec, execute
+        case = Case(config, workload, schedule or ScheduleSpec("random", seed), tuple(checks))
+        out = execute(case, device=device)
         if out.findings:
             path = _write_repro(request, case, out, out.findings[0])
             pytest.fail(f"{out.findings[0].text}\nrepro: {path}", pytrace=False)
@@ -101,12 +95,13 @@ def overlapcheck_run(request):
 @pytest.fixture
 def overlapcheck_fuzz(request):
     """Fuzz a user-chosen config: ``overlapcheck_fuzz(config, examples=50)``."""
+    device = request.config.getoption("--overlapcheck-device")
     seed = request.config.getoption("--overlapcheck-seed")
 
     def fuzz(config, examples: int = 50, checks=()):
         from hypothesis import HealthCheck, given, settings
         from hypothesis import seed as hseed
-        from .fuzz import run_case
+        from .run import execute
         from .fuzz.strategies import cases
         last = {}
 
@@ -115,7 +110,7 @@ def overlapcheck_fuzz(request):
         @hseed(seed)
         @given(cases(checks, config=config))
         def prop(case):
-            out = run_case(case)
+            out = execute(case, device=device)
             if out.findings:
                 last["x"] = (case, out, out.findings[0])
                 raise AssertionError(out.findings[0].text)
