@@ -1,8 +1,11 @@
 """``overlapcheck fuzz``: the main job.
 
-With no flags: a one-minute campaign on the simulated device with the oracle model,
-every checker on, repros written under ``overlapcheck-findings/``. Exit 0 when
-nothing was found, 1 when something was, 2 on a usage error.
+With no flags: a one-minute campaign of the reference engine on the simulated device
+with the oracle model, every checker on, repros written under
+``overlapcheck-findings/``. ``--target vllm`` or ``--target sglang`` fuzzes that
+engine's real scheduler instead. ``--time T`` ends by T seconds plus start-up, shrinking
+included (``--shrink-time`` gives shrinking more). Exit 0 when nothing was found, 1
+when something was, 2 on a usage error.
 """
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ import sys
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help="fuzz the reference engine (the main job)",
-                       description=__doc__)
+    from .. import targets
+    p = sub.add_parser("fuzz", help="fuzz an engine: the reference engine (the main job), "
+                                    "vLLM or SGLang", description=__doc__)
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--time", type=float, metavar="SECONDS",
                         help="time budget (default 60 s unless --examples is given)")
@@ -20,16 +24,21 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     from ..device import DEVICES
     p.add_argument("--device", default="sim", help=f"{', '.join(DEVICES)} (default sim)")
-    p.add_argument("--model", default="oracle", help="model: oracle (default), tiny, trained, hf:DIR or random:NAME")
+    p.add_argument("--target", default="reference", metavar="NAME",
+                   help=f"the engine to fuzz: {', '.join(targets.TARGETS)} (default reference)")
+    p.add_argument("--model", default=None, help="reference engine: oracle (default), tiny, "
+                                                 "trained, hf:DIR or random:NAME")
     p.add_argument("--draft", default=None, metavar="KIND",
-                   help="only this draft kind (default: every kind the engine has)")
+                   help="reference engine: only this draft kind (default: every kind)")
     p.add_argument("--check", default="", metavar="NAMES",
                    help="comma-separated checkers (default: all)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
-                   help="turn a fault of the bug zoo on (repeatable)")
+                   help="turn a fault of the target on (repeatable; overlapcheck faults "
+                        "--target NAME lists them)")
     p.add_argument("--shrink-time", type=float, default=None, metavar="SECONDS",
-                   help="cap on shrinking one finding (default: no cap); the smallest failing "
-                        "case so far is kept")
+                   help="with --time: seconds shrinking may run past the budget (default 0: "
+                        "the smallest failing case found by then is kept); with --examples: "
+                        "a cap on shrinking one finding (default: none)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="processes (default 1)")
     p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
                    help="where repros and traces go (default overlapcheck-findings)")
@@ -40,9 +49,19 @@ def register(sub) -> None:
 
 
 def _options(args):
+    from .. import targets
     from ..errors import UsageError
     from ..device import check_available, device_info
     from ..engine.drafts import DRAFT_KINDS
+    try:
+        target = targets.get(args.target)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for flag, value, option in (("--model", args.model, "models"),
+                                ("--draft", args.draft, "draft_kinds")):
+        if value is not None and option not in target.case_options:
+            raise UsageError(f"{flag} is not an option of target {args.target} (its engine "
+                             f"runs its own fake model)")
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time}")
     if args.examples is not None and args.examples < 1:
@@ -65,12 +84,17 @@ def _options(args):
     except ValueError as e:
         raise UsageError(str(e)) from None
     faults = tuple(args.fault)
-    _check_faults(faults)
-    try:   # builds the model once: a bad name or model directory is one line, exit 2
-        from fake_models import make_model
-        make_model(args.model)
-    except ValueError as e:
+    _check_faults(faults, args.target)
+    try:
+        target.version()          # a missing or other-version engine: one line, exit 2
+    except targets.TargetUnavailable as e:
         raise UsageError(str(e)) from None
+    if args.model is not None:
+        try:   # builds the model once: a bad name or model directory is one line, exit 2
+            from fake_models import make_model
+            make_model(args.model)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     from .campaign import Options
     try:
         check_available(args.device)
@@ -78,7 +102,8 @@ def _options(args):
         raise UsageError(str(e)) from None
     seconds = args.time if args.time is not None else (None if args.examples else 60.0)
     return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
-                   models=(args.model,), draft_kinds=kinds, checks=checks, faults=faults,
+                   target=args.target, models=(args.model,) if args.model else None,
+                   draft_kinds=kinds, checks=checks, faults=faults,
                    out=args.out, db=args.db, shrink_seconds=args.shrink_time)
 
 
@@ -105,14 +130,16 @@ def run(args) -> int:
 
 
 def _print_summary(s: dict) -> None:
-    print(f"fuzz ({s['device']}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
+    what = s["device"] if s["target"] == "reference" else f"{s['target']} {s['engine_version']}"
+    print(f"fuzz ({what}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
           f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} steps/s), "
           f"{len(s['findings'])} finding(s)")
     for f in s["findings"]:
         where = f" -> {f['repro']}" if f.get("repro") else ""
         print(f"  {f['id']}: {f['text'].splitlines()[0]}{where}")
         print(f"    found after {f['examples_before']} examples ({f['seconds_before']:.1f} s); "
-              f"minimized to {f['repro_requests']} request(s), {f['repro_steps']} steps")
+              f"minimized to {f['repro_requests']} request(s), {f['repro_steps']} steps"
+              + (" (shrinking cut short by the time box)" if f.get("shrink_cut") else ""))
     if s["findings"] and s["findings"][0].get("repro"):
         print(f"replay one with: overlapcheck replay {s['findings'][0]['repro']}")
     sys.stdout.flush()

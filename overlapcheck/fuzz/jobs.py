@@ -58,7 +58,8 @@ def run_jobs(opts: Options, jobs: int) -> dict:
     merged = sorted(seen.values(), key=lambda f: f["seconds_before"])
     secs = time.monotonic() - t0
     steps = sum(p["steps"] for p in parts)
-    return {"seed": opts.seed, "device": opts.device, "jobs": jobs,
+    return {"seed": opts.seed, "device": opts.device, "target": opts.target,
+            "engine_version": parts[0]["engine_version"], "jobs": jobs,
             "examples": sum(p["examples"] for p in parts), "steps": steps,
             "seconds": round(secs, 2), "steps_per_second": round(steps / secs, 1) if secs else 0.0,
             "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts),
