@@ -91,12 +91,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fault", action="append", default=[], help="only these faults")
     ap.add_argument("--json", default="detect.json", help="where the results go")
     args = ap.parse_args(argv)
-    from invariants.base import REGISTRY
+    from invariants.base import names_for
     from overlapcheck.faults import FAULTS
     names = args.fault or list(FAULTS)
     jobs = [(n, s, args.seconds, (), args.shrink) for n in names + [CLEAN]
             for s in range(args.runs)]
-    no_race = tuple(c for c in REGISTRY if c not in RACE_CHECKERS)
+    no_race = tuple(c for c in names_for("reference") if c not in RACE_CHECKERS)
     off = [n for n in RACE_OFF_FAULTS if n in names]
     jobs += [(n, 100 + s, args.seconds, no_race, args.shrink) for n in off
              for s in range(args.runs)]

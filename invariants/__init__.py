@@ -8,6 +8,8 @@ event to every checker (``feed_all``) and call ``finish()`` at the end. The run 
 ``no_hidden_sync``, ``lifecycle``, ``liveness``, ``rank_agreement``), ``runlog``
 (JSON-lines run logs), ``leaks`` (the leak report), ``text`` (message helpers).
 """
-from .base import REGISTRY, Checker, Violation, checker_class, feed_all, make_checkers
+from .base import (REGISTRY, Checker, Violation, checker_class, feed_all, make_checkers,
+                   names_for)
 
-__all__ = ["REGISTRY", "Checker", "Violation", "checker_class", "feed_all", "make_checkers"]
+__all__ = ["REGISTRY", "Checker", "Violation", "checker_class", "feed_all", "make_checkers",
+           "names_for"]

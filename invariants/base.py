@@ -96,6 +96,15 @@ REGISTRY: Dict[str, str] = {
     "lifecycle": "invariants.lifecycle:Lifecycle",
     "liveness": "invariants.liveness:Liveness",
     "rank-agreement": "invariants.rank_agreement:RankAgreement",
+    # the vLLM target's (their events come from overlapcheck.targets.vllm)
+    "vllm-placeholders": "invariants.vllm_placeholders:VllmPlaceholders",
+    "vllm-golden": "invariants.vllm_golden:VllmGolden",
+    "vllm-block-reuse": "invariants.vllm_block_reuse:VllmBlockReuse",
+    "vllm-preempt-progress": "invariants.vllm_preempt_progress:VllmPreemptProgress",
+    "vllm-overschedule": "invariants.vllm_overschedule:VllmOverschedule",
+    "vllm-sched-after-end": "invariants.vllm_sched_after_end:VllmSchedAfterEnd",
+    # the SGLang target's
+    "sglang-golden": "invariants.sglang_golden:SglangGolden",
 }
 
 
@@ -112,9 +121,17 @@ def checker_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_checkers(names: Iterable[str] = (), **context) -> List[Checker]:
-    """Instantiate checkers by name (empty: all of them), each offered ``context``."""
-    wanted = list(names) or list(REGISTRY)
+def names_for(target: str = "reference") -> List[str]:
+    """Every registered checker that reads what ``target`` emits (its ``targets``)."""
+    return [n for n in REGISTRY
+            if {"*", target} & set(checker_class(n).targets)]
+
+
+def make_checkers(names: Iterable[str] = (), target: str = "reference",
+                  **context) -> List[Checker]:
+    """Instantiate checkers by name (empty: every one for ``target``), each offered
+    ``context``."""
+    wanted = list(names) or names_for(target)
     check_names(wanted)
     return [checker_class(n)(**context) for n in wanted]
 

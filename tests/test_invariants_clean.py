@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from fake_models import make_model
-from invariants import REGISTRY, make_checkers
+from invariants import make_checkers, names_for
 from overlapcheck.run import Case, reference_run, run_checked
 from overlapcheck.engine import EngineConfig, generate
 from overlapcheck.engine import config as engine_config
@@ -86,7 +86,7 @@ def test_every_checker_sees_its_events_on_a_clean_run():
     for kind in ("Arrived", "Allocated", "Freed", "PendingReleased", "Verified", "Canary",
                  "Finished", "Retracted", "RunEnd", "StepEnd"):
         assert count.seen.get(kind), f"no {kind} event on this workload: {count.seen}"
-    assert len(REGISTRY) == 10
+    assert len(names_for("reference")) == 10
     from overlapcheck.engine import TPEngine
     ranks = Count()      # rank-agreement's events come from tensor-parallel runs
     mon = Monitor([ranks] + make_checkers(reference=run.result))

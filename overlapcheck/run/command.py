@@ -1,5 +1,6 @@
-"""``overlapcheck run``: run a workload through the reference engine and print, per
-request, the output tokens, finish reason and accept lengths, then a summary.
+"""``overlapcheck run``: run a workload through an engine (the reference engine, or
+with ``--target`` vLLM's or SGLang's real scheduler) and print, per request, the output
+tokens, finish reason and accept lengths, then a summary.
 
 Every checker of ``invariants`` runs after every step (``--check`` picks some); their
 violations are printed. ``--log FILE`` writes the event stream as JSON lines.
@@ -18,8 +19,14 @@ def register(subparsers) -> None:
     from ..device import ACCESS_MODES, DEVICES, STRATEGIES
     from ..engine.config import RESERVE_RULES
     from ..engine.drafts import DRAFT_KINDS
-    p = subparsers.add_parser("run", help="run a workload through the reference engine",
+    from .. import targets
+    p = subparsers.add_parser("run", help="run a workload through an engine, every checker on",
                               description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="reference", metavar="NAME",
+                   help=f"the engine: {', '.join(targets.TARGETS)} (default reference; the "
+                        f"flags below from --device to --dist-timeout are its options)")
+    p.add_argument("--config", metavar="FILE.yaml",
+                   help="a target's config as a YAML mapping (default: its defaults)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--requests", type=int, metavar="N",
                      help="generate N requests from --seed (default 16)")
@@ -115,12 +122,111 @@ def _config(args):
                         zero_bubble=args.zero_bubble)
 
 
+# the flags that configure the reference engine (``_config``), with their defaults
+_REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool_tokens",
+                    "row_width", "max_running", "chunk_size", "draft_reserve", "no_overlap",
+                    "no_spec", "verify_sync", "kv_backup", "zero_bubble", "tp", "dist",
+                    "cuda_graphs", "access")
+
+
+def _target_config(args, target):
+    """A non-reference target's config: its defaults, or ``--config`` (YAML); the
+    reference engine's flags are an error there."""
+    import yaml
+    from ..errors import UsageError
+    defaults = vars(_defaults())
+    given = [f for f in _REFERENCE_FLAGS if getattr(args, f) != defaults[f]]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} configures the reference engine; "
+                         f"give target {target.name}'s config with --config FILE.yaml")
+    if not args.config:
+        return target.default_config()
+    try:
+        with open(args.config, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.config}: {e.strerror}") from None
+    except yaml.YAMLError:
+        raise UsageError(f"{args.config}: not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{args.config}: expected a mapping of {target.name} config fields")
+    unknown = sorted(set(map(str, doc)) - target.config_fields())
+    if unknown:
+        raise UsageError(f"{args.config}: unknown field {unknown[0]!r} of the {target.name} config")
+    try:
+        return target.config_from_dict(doc)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{args.config}: {e}") from None
+
+
+def _defaults():
+    import argparse
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    register(sub)
+    return p.parse_args(["run"])
+
+
 def run(args) -> int:
+    from .. import targets
+    from ..errors import UsageError
+    try:
+        target = targets.get(args.target)
+        target.version()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except targets.TargetUnavailable as e:
+        raise UsageError(str(e)) from None
+    if args.target == "reference":
+        if args.config:
+            raise UsageError("--config gives another target's config; the reference engine "
+                             "takes its flags")
+        return _run_reference(args)
+    return _run_target(args, target)
+
+
+def _workload(args, cfg, target):
+    from ..errors import UsageError
+    from ..engine.workload import WorkloadError, load
+    if args.requests is not None and args.requests < 1:
+        raise UsageError(f"--requests must be >= 1, got {args.requests}")
+    try:
+        return load(args.workload, cfg) if args.workload else target.generate(
+            args.seed, args.requests or 16, cfg)
+    except WorkloadError as e:
+        raise UsageError(str(e)) from None
+
+
+def _run_target(args, target) -> int:
+    from ..device import STRATEGIES
+    from ..errors import UsageError
+    from .case import Case, ScheduleSpec
+    from .driver import execute
+    checks = _checks(args.check)
+    cfg = _target_config(args, target)
+    if args.schedule not in STRATEGIES:
+        raise UsageError(f"unknown schedule {args.schedule!r} (choose from {', '.join(STRATEGIES)})")
+    wl = _workload(args, cfg, target)
+    case = Case(cfg, wl, ScheduleSpec(args.schedule, args.seed), tuple(checks), (), target.name)
+    meta = {"seed": args.seed, "target": target.name, "engine_version": target.version(),
+            "schedule": args.schedule, "config": target.config_to_dict(cfg)}
+    return _report(args, execute(case, trace=False, log=_log(args, meta)), meta)
+
+
+def _log(args, meta):
+    from invariants.runlog import RunLog
+    from ..errors import UsageError
+    try:
+        return RunLog(args.log, meta) if args.log else None
+    except OSError as e:
+        raise UsageError(f"cannot write {args.log}: {e.strerror}") from None
+
+
+def _run_reference(args) -> int:
     from ..errors import UsageError
     from ..device import STRATEGIES, check_available, device_info, make_runtime
     from fake_models import make_model
-    from invariants.runlog import RunLog
-    from ..engine.workload import WorkloadError, generate, load
+    from .. import targets
     from .driver import execute
     from .case import Case, ScheduleSpec
 
@@ -132,13 +238,7 @@ def run(args) -> int:
         raise UsageError(str(e)) from None
     if args.schedule not in STRATEGIES:
         raise UsageError(f"unknown schedule {args.schedule!r} (choose from {', '.join(STRATEGIES)})")
-    if args.requests is not None and args.requests < 1:
-        raise UsageError(f"--requests must be >= 1, got {args.requests}")
-    try:
-        wl = load(args.workload, cfg) if args.workload else generate(
-            args.seed, args.requests or 16, cfg)
-    except WorkloadError as e:
-        raise UsageError(str(e)) from None
+    wl = _workload(args, cfg, targets.get("reference"))
     if args.dist:
         from .dist import run_command
         return run_command(args, cfg, wl, checks)
@@ -158,16 +258,17 @@ def run(args) -> int:
         torch.set_num_threads(1)
     meta = {"seed": args.seed, "device": args.device, "schedule": args.schedule,
             "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
-    try:
-        log = RunLog(args.log, meta) if args.log else None
-    except OSError as e:
-        raise UsageError(f"cannot write {args.log}: {e.strerror}") from None
+    log = _log(args, meta)
     try:
         model = make_model(cfg.model)
     except ValueError as e:   # fake_models.hf.ModelError: one line naming the file or tensor
         raise UsageError(str(e)) from None
     case = Case(cfg, wl, ScheduleSpec(args.schedule, args.seed), tuple(checks))
-    out = execute(case, runtime=rt, model=model, log=log, trace=False)
+    return _report(args, execute(case, runtime=rt, model=model, log=log, trace=False), meta)
+
+
+def _report(args, out, meta) -> int:
+    """Print the result, the races and the violations; the exit code."""
     res, found = out.result, out.violations
     if args.json:
         doc = res.to_json() if res is not None else {"requests": [], "summary": None}

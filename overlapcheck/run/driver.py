@@ -82,11 +82,8 @@ def _exception_finding(exc: BaseException, step: int) -> Finding:
 def checker_names(case: Case) -> List[str]:
     """The checkers a case runs: its ``checks``, or every registered checker that
     reads what its target emits."""
-    from invariants.base import REGISTRY, checker_class
-    if case.checks:
-        return list(case.checks)
-    target = targets.get(case.target)
-    return [n for n in REGISTRY if target.applies(checker_class(n))]
+    from invariants.base import names_for
+    return list(case.checks) or names_for(case.target)
 
 
 def reference_run(case: Case, model=None) -> RunResult:
@@ -96,7 +93,10 @@ def reference_run(case: Case, model=None) -> RunResult:
     options = {"model": model} if model is not None else {}
     session = target.open(target.reference_config(case.config), Eager(), None,
                           detect=False, trace=False, **options)
-    return session.run(case.workload)
+    try:
+        return session.run(case.workload)
+    finally:
+        session.close()
 
 
 def _context(case: Case, names: Sequence[str], model, reference) -> dict:
@@ -122,7 +122,8 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     ``engine`` — an engine factory a test plants a bug through)."""
     target = targets.get(case.target)
     names = checker_names(case)
-    ctx = _context(case, names, options.get("model"), reference)
+    ctx = target.checker_context(case.config)
+    ctx.update(_context(case, names, options.get("model"), reference))
     ctx.update(context or {})
     monitor = Monitor(make_checkers(names, **ctx), log=log)
     strategy = Replay(choices) if choices is not None else case.schedule.make()
@@ -137,7 +138,10 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     session = target.open(case.config, strategy, observer, case.faults, trace=trace, **options)
     result, status, diverged = None, COMPLETED, None
     try:
-        result = session.run(case.workload, max_steps=max_steps)
+        try:
+            result = session.run(case.workload, max_steps=max_steps)
+        finally:
+            session.close()
     except Diverged as e:
         status, diverged = DIVERGED, str(e)
     except Halt:

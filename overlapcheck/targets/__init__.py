@@ -15,6 +15,8 @@ from .base import Chooser, Session, Target, TargetUnavailable
 # name -> "module:Class"
 TARGETS: Dict[str, str] = {
     "reference": "overlapcheck.targets.reference:ReferenceTarget",
+    "vllm": "overlapcheck.targets.vllm:VllmTarget",
+    "sglang": "overlapcheck.targets.sglang:SglangTarget",
 }
 
 __all__ = ["TARGETS", "Chooser", "Session", "Target", "TargetUnavailable", "get"]

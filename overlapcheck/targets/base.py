@@ -98,6 +98,10 @@ class Session:
         Raises ``EngineStuck`` (after a ``Stalled`` event) past ``max_steps``."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Undo what the session changed in its engine (a fault's patch); the driver
+        calls it however the run ended."""
+
 
 class Target:
     """One engine overlapcheck can drive. Subclasses set the class attributes and
@@ -113,6 +117,14 @@ class Target:
     install = ""                      # the command that installs it (README's words)
     config_type: type = object        # the config dataclass
     replayable = True                 # choices recorded, ``Replay`` reruns exactly
+    #: "module:function" of the fuzzer's case strategy: ``function(checks, faults,
+    #: **options)`` gives a Hypothesis strategy of ``Case``s for this target (config,
+    #: workload and schedule drawn together, so that shrinking minimizes all three);
+    #: ``faults`` are switched on in every case, never drawn; ``options`` narrow the
+    #: draw (unknown ones are a ``ValueError``). Named, not imported: the fuzzer
+    #: imports it, the target never imports the fuzzer.
+    case_strategy = ""
+    case_options: tuple = ()          # the keyword options its case strategy takes
 
     def version(self) -> str:
         """The installed engine's version; ``TargetUnavailable`` when it is missing or
@@ -150,10 +162,15 @@ class Target:
                 raise ValueError(f"unknown fault {n!r} for target {self.name} (choose from "
                                  f"{', '.join(sorted(known)) or 'none'})")
 
-    def applies(self, checker) -> bool:
-        """Does ``checker`` (a checker class) read what this target emits?"""
-        targets = getattr(checker, "targets", ("*",))
-        return "*" in targets or self.name in targets
+    def checker_context(self, cfg) -> dict:
+        """What this target's checkers need beyond the events (offered to every checker,
+        e.g. a golden model, or parity's options)."""
+        return {}
+
+    def generate(self, seed: int, n: int, cfg):
+        """A seeded workload of ``n`` requests that fits ``cfg`` (``overlapcheck run``)."""
+        from ..engine.workload import generate
+        return generate(seed, n, cfg)
 
     def open(self, cfg, strategy: Strategy, observer: Optional[Callable[[object], None]],
              faults: Sequence[str] = (), **options) -> Session:

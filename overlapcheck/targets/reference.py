@@ -39,6 +39,8 @@ class ReferenceSession(Session):
 class ReferenceTarget(Target):
     name = "reference"
     install = "pip install overlapcheck"
+    case_strategy = "overlapcheck.fuzz.strategies:cases"
+    case_options = ("models", "draft_kinds")
 
     @property
     def config_type(self):
