@@ -1,6 +1,6 @@
 """sglang-golden: every token a target keeps is the fake model's own continuation of the
 request's prefix, and every accept length is the one the fake draft and target give
-there — computed from the token list alone, with no engine (DESIGN §9.3).
+there — computed from the token list alone, with no engine (docs/design.md §9.3).
 
 Parity compares two schedules of the same engine and misses what both share; this
 oracle does not trust the engine. A kept token that differs means the model read
@@ -23,6 +23,7 @@ from .base import Checker, Violation
 
 class SglangGolden(Checker):
     name = "sglang-golden"
+    targets = ("sglang",)
 
     def __init__(self, golden=None, **context) -> None:
         super().__init__()

@@ -22,6 +22,7 @@ from .base import Checker, Violation
 
 class VllmBlockReuse(Checker):
     name = "vllm-block-reuse"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

@@ -24,6 +24,7 @@ from .base import Checker, Violation
 
 class VllmGolden(Checker):
     name = "vllm-golden"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

@@ -21,6 +21,7 @@ from .base import Checker, Violation
 
 class VllmOverschedule(Checker):
     name = "vllm-overschedule"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

@@ -32,6 +32,7 @@ from .base import Checker, Violation
 
 class VllmPlaceholders(Checker):
     name = "vllm-placeholders"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

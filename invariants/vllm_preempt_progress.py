@@ -19,6 +19,7 @@ from .base import Checker, Violation
 
 class VllmPreemptProgress(Checker):
     name = "vllm-preempt-progress"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

@@ -16,6 +16,7 @@ from .base import Checker, Violation
 
 class VllmSchedAfterEnd(Checker):
     name = "vllm-sched-after-end"
+    targets = ("vllm",)
 
     def __init__(self, **context) -> None:
         super().__init__()

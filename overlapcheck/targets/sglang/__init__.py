@@ -45,6 +45,10 @@ class SglangTarget(Target):
     def default_config(self) -> SglangConfig:
         return SglangConfig()
 
+    def faults(self) -> dict:
+        from .faults import FAULTS
+        return FAULTS
+
     def config_from_dict(self, d: dict) -> SglangConfig:
         return from_dict(d)
 

@@ -28,6 +28,11 @@ class Fault:
     trigger: str             # what a run needs for the fault to show
     description: str
 
+    def to_dict(self) -> dict:
+        return {"name": self.name, "pr": self.pr, "checker": self.checker,
+                "description": self.description, "trigger": self.trigger,
+                "sites": [self.target]}
+
 
 FAULTS: Dict[str, Fault] = {}
 

@@ -34,6 +34,9 @@ class VllmTarget(Target):
     def default_config(self) -> VllmTargetConfig:
         return VllmTargetConfig()
 
+    def faults(self) -> dict:
+        return FAULTS
+
     def config_from_dict(self, d: dict) -> VllmTargetConfig:
         return VllmTargetConfig.from_dict(d)
 
