@@ -1,6 +1,7 @@
-"""Detection bench: every bug-zoo fault found from a cold start (docs/design.md §8).
+"""Detection bench: every fault of a target found from a cold start (docs/design.md §8).
 
-For every fault, ``--runs`` cold-start campaigns (different seeds, all checkers on,
+For every fault of ``--target`` (default: the reference engine's bug zoo; ``vllm`` and
+``sglang``: their historical bugs re-created), ``--runs`` cold-start campaigns (different seeds, all checkers on,
 no example database) with that one fault switched on; per fault: how many campaigns
 found it *through its documented checker*, the time, examples and engine steps to that
 first finding (median, max), the minimized repro's size (steps, requests), the other
@@ -9,7 +10,11 @@ under the same budget and must find nothing. ``--race-off`` reruns faults 2, 11 
 with the happens-before checkers (stream-race, kv-lifetime) off: a finding by parity,
 kv-canary or lifecycle shows the sim really served stale data.
 
-    python bench/detect.py [--seconds 20] [--shrink 10] [--runs 5] [--jobs 2] [--json detect.json]
+    python bench/detect.py [--target NAME] [--seconds 20] [--shrink 10] [--runs 5] [--jobs 2]
+                           [--json detect.json]
+
+``--seconds`` is each campaign's time box, shrinking included (``--shrink``: seconds
+shrinking may run past it).
 """
 from __future__ import annotations
 
@@ -28,11 +33,13 @@ RACE_OFF_FAULTS = ("no-war-barrier", "no-copy-done-wait", "single-staging-buffer
 
 def _campaign(job: tuple) -> dict:
     """One cold-start campaign; returns its findings, reduced to what the table needs."""
-    name, seed, seconds, checks, shrink = job
+    name, seed, seconds, checks, shrink, target = job
+    import torch
+    torch.set_num_threads(1)
     from overlapcheck.fuzz.campaign import Campaign, Options
     with tempfile.TemporaryDirectory() as out:
         c = Campaign(Options(seconds=seconds, seed=seed, checks=checks, out=out,
-                             shrink_seconds=shrink,
+                             shrink_seconds=shrink, target=target,
                              faults=() if name == CLEAN else (name,))).run()
         s = c.summary()
     keep = ("checker", "examples_before", "seconds_before", "steps_before", "repro_steps",
@@ -84,41 +91,54 @@ def _table(rows, title: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="reference", help="the engine (default reference)")
     ap.add_argument("--seconds", type=float, default=20.0, help="budget per campaign")
-    ap.add_argument("--shrink", type=float, default=10.0, help="seconds to shrink each finding")
+    ap.add_argument("--shrink", type=float, default=10.0,
+                    help="seconds shrinking may run past the budget")
     ap.add_argument("--runs", type=int, default=5, help="campaigns (seeds) per fault")
     ap.add_argument("--jobs", type=int, default=2, help="campaigns in parallel")
     ap.add_argument("--fault", action="append", default=[], help="only these faults")
     ap.add_argument("--json", default="detect.json", help="where the results go")
     args = ap.parse_args(argv)
     from invariants.base import names_for
-    from overlapcheck.faults import FAULTS
-    names = args.fault or list(FAULTS)
-    jobs = [(n, s, args.seconds, (), args.shrink) for n in names + [CLEAN]
+    from overlapcheck import targets
+    try:
+        target = targets.get(args.target)
+        version = target.version()
+    except (ValueError, targets.TargetUnavailable) as e:
+        ap.error(str(e))
+    FAULTS = target.faults()
+    unknown = [n for n in args.fault if n not in FAULTS]
+    if unknown:
+        ap.error(f"unknown fault {unknown[0]!r} of target {args.target}")
+    names = args.fault or sorted(FAULTS)
+    jobs = [(n, s, args.seconds, (), args.shrink, args.target) for n in names + [CLEAN]
             for s in range(args.runs)]
-    no_race = tuple(c for c in names_for("reference") if c not in RACE_CHECKERS)
+    no_race = tuple(c for c in names_for(args.target) if c not in RACE_CHECKERS)
     off = [n for n in RACE_OFF_FAULTS if n in names]
-    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink) for n in off
+    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink, args.target) for n in off
              for s in range(args.runs)]
     with Pool(args.jobs) as pool:
         results = pool.map(_campaign, jobs, chunksize=1)
     by = {}
-    for (n, _, _, checks, _), r in zip(jobs, results):
+    for (n, _, _, checks, _, _), r in zip(jobs, results):
         by.setdefault((n, bool(checks)), []).append(r)
     rows = []
     for n in names:
         row = summarize(n, by[(n, False)], (FAULTS[n].checker,))
-        rows.append(dict(row, cls=FAULTS[n].cls))
+        rows.append(dict(row, cls=getattr(FAULTS[n], "cls", "")))
     clean = summarize(CLEAN, by[(CLEAN, False)], ())
     race_off = [dict(summarize(n, by[(n, True)], DATA_CHECKERS), cls=FAULTS[n].cls) for n in off]
-    print(_table(rows, f"detection: {args.runs} cold-start campaigns of {args.seconds:g} s "
-                       f"per fault, all checkers on (found = through the documented checker)"))
+    print(_table(rows, f"detection ({args.target} {version}): {args.runs} cold-start campaigns "
+                       f"of {args.seconds:g} s per fault, all checkers on (found = through the "
+                       f"documented checker)"))
     print(f"\nclean engine: {clean['findings_total']} finding(s) in {args.runs} campaigns "
           f"({sum(r['examples'] for r in by[(CLEAN, False)])} examples)")
     if race_off:
         print("\n" + _table(race_off, "stream-race and kv-lifetime off: caught by parity, "
                                       "kv-canary or lifecycle"))
-    doc = {"seconds": args.seconds, "runs": args.runs, "faults": rows, "clean": clean,
+    doc = {"target": args.target, "engine_version": version, "seconds": args.seconds,
+           "runs": args.runs, "faults": rows, "clean": clean,
            "race_off": race_off, "campaigns": results}
     with open(args.json, "w") as fh:
         json.dump(doc, fh, indent=1)
