@@ -108,6 +108,7 @@ class Case:
             raise CaseError(f"config: {e}") from None
         try:
             wl = W.parse(d["workload"], cfg)
+            target.check_workload(wl, cfg)
         except WorkloadError as e:
             raise CaseError(str(e)) from None
         faults = _names(d.get("faults", []), "faults")

@@ -191,8 +191,10 @@ def _workload(args, cfg, target):
     if args.requests is not None and args.requests < 1:
         raise UsageError(f"--requests must be >= 1, got {args.requests}")
     try:
-        return load(args.workload, cfg) if args.workload else target.generate(
+        wl = load(args.workload, cfg) if args.workload else target.generate(
             args.seed, args.requests or 16, cfg)
+        target.check_workload(wl, cfg)
+        return wl
     except WorkloadError as e:
         raise UsageError(str(e)) from None
 

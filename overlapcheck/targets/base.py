@@ -167,6 +167,10 @@ class Target:
         e.g. a golden model, or parity's options)."""
         return {}
 
+    def check_workload(self, workload, cfg) -> None:
+        """``overlapcheck.engine.WorkloadError`` (one line) when ``workload`` does not fit
+        ``cfg`` beyond its ``max_context`` (which every workload is parsed against)."""
+
     def generate(self, seed: int, n: int, cfg):
         """A seeded workload of ``n`` requests that fits ``cfg`` (``overlapcheck run``)."""
         from ..engine.workload import generate
