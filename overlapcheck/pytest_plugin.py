@@ -5,6 +5,9 @@
 * ``overlapcheck_fuzz(config, examples=50)``: fuzz a user-chosen engine config
   (workloads and schedules drawn by Hypothesis); a finding fails the test with its
   shrunk repro written.
+* ``overlapcheck_watch``: the test body runs under ``overlapcheck.watch.watch``, the
+  race detector over the test's own ``torch.cuda`` code (options through the
+  ``overlapcheck_watch`` marker: ``device``, ``mode``);
 * markers ``gpu`` (skipped without CUDA) and ``nightly`` (long runs);
 * options ``--overlapcheck-device``, ``--overlapcheck-seed``, ``--overlapcheck-repro-dir``.
 
@@ -20,6 +23,9 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from .watch.fixture import MARKER_HELP as _WATCH_MARKER
+from .watch.fixture import overlapcheck_watch  # noqa: F401 - a fixture of this plugin
 
 
 def pytest_addoption(parser):
@@ -37,6 +43,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "nightly: long runs for the nightly tier")
+    config.addinivalue_line("markers", _WATCH_MARKER)
     from .profiles import PREFIX, register
     try:
         wanted = config.getoption("--hypothesis-profile")

@@ -15,8 +15,7 @@ import logging
 import sys
 
 HELP = "run an unmodified PyTorch program under the race detector"
-DEVICES = ("auto", "cpu", "cuda")
-MODES = ("log", "raise")
+from .backends import BACKENDS, DEVICES, MODES
 
 
 def register(subparsers) -> None:
@@ -46,11 +45,11 @@ def _check(args):
     if args.mode not in MODES:
         raise UsageError(f"unknown mode {args.mode!r} (choose from {', '.join(MODES)})")
     target = parse_command(args.program)
-    if args.device == "cuda":
+    if args.device in BACKENDS and BACKENDS[args.device].gpu:
         import torch
         if not torch.cuda.is_available():
-            raise UsageError("--device cuda: CUDA is not available on this machine "
-                             "(--device cpu runs the same checks on the CPU)")
+            raise UsageError(f"--device {args.device}: CUDA is not available on this machine "
+                             f"(--device cpu runs the same checks on the CPU)")
     return target
 
 

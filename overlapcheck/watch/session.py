@@ -25,8 +25,7 @@ import logging
 import os
 from typing import Dict, List, Optional
 
-DEVICES = ("auto", "cpu", "cuda")
-MODES = ("raise", "log")
+from .backends import MODES, check_device
 FORMAT_VERSION = 1
 
 log = logging.getLogger("overlapcheck.watch")
@@ -41,16 +40,11 @@ class RaceFound(Exception):
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is usable, else ``cpu``; checks the name."""
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    """``auto`` -> a GPU backend when a GPU is usable, else the CPU shim; checks the name
+    (``ValueError``) and that a GPU backend has its GPU (``RuntimeError``)."""
     import torch
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("watch(device='cuda') needs a CUDA GPU; use device='cpu' for "
-                           "the CPU shim")
-    return device
+    from .backends import resolve
+    return resolve(device, torch.cuda.is_available()).name
 
 
 class Watch:
@@ -60,8 +54,7 @@ class Watch:
                  json_path: Optional[str] = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
-        if device not in DEVICES:
-            raise ValueError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        check_device(device)
         self.requested = device
         self.device: Optional[str] = None
         self.mode = mode
@@ -90,12 +83,8 @@ class Watch:
         self.tracker = Tracker(self._on_report)
         self._explainer = Explainer(self.tracker)
         self._patcher = Patcher()
-        if self.device == "cuda":
-            from .gpu import GpuBackend
-            self._backend = GpuBackend(self.tracker)
-        else:
-            from .shim import ShimBackend
-            self._backend = ShimBackend(self.tracker)
+        from .backends import BACKENDS, build
+        self._backend = build(BACKENDS[self.device], self.tracker)
         try:
             self._backend.install(self._patcher)
             install_host_accessors(self._patcher, self._backend, self.tracker)
