@@ -1,0 +1,61 @@
+"""The engine loop alone (``overlapcheck/engine/loop.py``): under overlap a batch's
+result is processed one step after its launch (non-overlap: the same step); a finish is
+known one step late, so the finished request's result in the batch already in flight
+is dropped; an abort only marks a request that rides an in-flight batch and tears it
+down when that batch is processed."""
+import pytest
+
+from fake_models import make_model
+from overlapcheck.device import make_runtime
+from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
+from overlapcheck.engine import events as E
+from overlapcheck.engine.workload import AbortAt
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CFG = EngineConfig(pool_tokens=256, row_width=64, max_running=4, chunk_size=32, spec_steps=2)
+
+
+def run(wl, **kw):
+    cfg = EngineConfig(**{**CFG.__dict__, **kw})
+    events = []
+    eng = Engine(cfg, make_runtime("sim", strategy="eager", access="declared"),
+                 make_model(cfg.model), events.append, strict=True)
+    res = eng.run(wl)
+    return events, res
+
+
+def launched_at(events):
+    return {ev.batch: ev.iteration for ev in events if isinstance(ev, E.Launched)}
+
+
+def test_overlap_processes_a_result_one_step_after_its_launch():
+    wl = Workload((RequestSpec(0, 0, (5, 6, 7), 6),))
+    for overlap, lag in ((True, 1), (False, 0)):
+        events, _ = run(wl, overlap=overlap)
+        launched = launched_at(events)
+        done = [(ev.batch, ev.iteration) for ev in events if isinstance(ev, (E.Prefilled, E.Verified))]
+        assert done and all(it - launched[b] == lag for b, it in done), (overlap, done)
+
+
+def test_a_finish_is_known_one_step_late_and_the_lagged_result_is_dropped():
+    events, res = run(Workload((RequestSpec(0, 0, (5, 6, 7), 4),)))
+    fin = next(ev for ev in events if isinstance(ev, E.Finished))
+    dropped = [ev for ev in events if isinstance(ev, E.Verified) and ev.dropped]
+    assert dropped and all(ev.rid == 0 and ev.iteration > fin.iteration for ev in dropped)
+    assert len(res.requests[0].tokens) == 4 and res.requests[0].finish_reason == "length"
+
+
+def test_an_abort_of_a_request_in_flight_waits_for_its_batch():
+    # aborted at step 2: its decode launched at step 1 is still in flight under overlap
+    events, res = run(Workload((RequestSpec(0, 0, (5, 6, 7), 30),), (AbortAt(0, 2),)))
+    ab = next(ev for ev in events if isinstance(ev, E.Aborted))
+    launched = launched_at(events)
+    assert ab.batch >= 0 and ab.iteration == launched[ab.batch] + 1
+    assert res.requests[0].finish_reason == "abort"
+
+
+def test_an_abort_before_arrival_ends_the_request_when_it_comes():
+    events, res = run(Workload((RequestSpec(0, 3, (5, 6, 7), 8),), (AbortAt(0, 1),)))
+    assert res.requests[0].finish_reason == "abort" and res.requests[0].tokens == ()
+    assert not any(isinstance(ev, E.Launched) for ev in events)
