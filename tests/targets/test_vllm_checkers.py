@@ -4,15 +4,15 @@ from overlapcheck.engine import events as E
 from overlapcheck.engine.types import RequestSpec
 from overlapcheck.targets.vllm.events import (FrameEntry, ReqCounters, VllmCounters,
                                               VllmFrame, VllmFrameDone, VllmSessionInfo)
+from invariants.base import make_checkers
 from overlapcheck.targets.vllm.golden import Golden
-from overlapcheck.targets.vllm.checked import make
 
 INFO = VllmSessionInfo(0, -1, "async", 2, 2, 4, True, (), 64, 70)
 SPEC = RequestSpec(0, 0, (3, 1, 4, 1, 5), 6, (), 11, "greedy")
 
 
 def feed(name, events):
-    (c,) = make([name])
+    (c,) = make_checkers([name])
     out = []
     for ev in events:
         out += c.feed(ev)

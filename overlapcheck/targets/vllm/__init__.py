@@ -13,6 +13,8 @@ is missing or not the pinned version.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..base import Target
 from .config import VllmTargetConfig
 from .env import INSTALL
@@ -26,6 +28,9 @@ class VllmTarget(Target):
     package = "vllm"
     pinned = "0.33.0"
     install = INSTALL
+    config_type = VllmTargetConfig
+    case_strategy = "overlapcheck.targets.vllm.strategies:cases"
+    case_options = ()
 
     def version(self) -> str:
         from .env import check_version
@@ -45,11 +50,45 @@ class VllmTarget(Target):
 
     def reference_config(self, cfg: VllmTargetConfig) -> VllmTargetConfig:
         """The synchronous ``Scheduler``, one batch in flight, no fault, same sizes."""
-        from dataclasses import replace
         return replace(cfg, scheduler="sync", batch_queue=1, faults=())
 
-    def open(self, cfg: VllmTargetConfig, strategy, observer=None, seed: int = 0):
+    def checker_context(self, cfg: VllmTargetConfig) -> dict:
+        """Parity compares tokens only: after a preemption vLLM resamples the resumed
+        request's next token at a new position, so its later verifies start elsewhere
+        than in the reference run; vllm-golden checks every accept length exactly."""
+        return {"parity_accept": False}
+
+    def check_workload(self, workload, cfg: VllmTargetConfig) -> None:
+        from ...engine.workload import WorkloadError
+        why = cfg.workload_error(workload)
+        if why:
+            raise WorkloadError(why)
+
+    def generate(self, seed: int, n: int, cfg: VllmTargetConfig):
+        """``n`` seeded requests (``overlapcheck.engine.workload.generate``) whose ids lie
+        in the config's vocabulary and whose prompt + output fit ``max_context``."""
+        from ...engine.workload import generate
+        prompt = max(1, cfg.max_context * 2 // 5)
+        return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=prompt,
+                        max_new=cfg.max_context - prompt)
+
+    def open(self, cfg: VllmTargetConfig, strategy, observer, faults=(), *, device="sim",
+             detect=True, trace=False, model=None, **options):
+        """A session of vLLM's scheduler for ``cfg`` with ``faults`` added to its own.
+        There is no device model: ``device`` must be a CPU backend, ``detect`` has
+        nothing to watch, ``trace`` records the scheduler calls; the fake model runner is
+        the target's own, so ``model`` is refused."""
+        from ...device import device_info
+        if options:
+            raise ValueError(f"unknown run option {sorted(options)[0]!r} for the vllm target")
+        if device_info(device).gpu:
+            raise ValueError(f"the vllm target runs vLLM's scheduler with a fake model runner "
+                             f"on the CPU; device {device!r} is a GPU backend")
+        if model is not None:
+            raise ValueError("the vllm target runs its own fake model runner; it takes no model")
+        if faults:
+            cfg = replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults) + tuple(faults))))
         from .env import build_scheduler, load
         from .session import VllmSession
         V = load()
-        return VllmSession(V, cfg, build_scheduler(cfg, V), strategy, observer, seed)
+        return VllmSession(V, cfg, build_scheduler(cfg, V), strategy, observer, trace=trace)

@@ -87,9 +87,28 @@ class VllmTargetConfig:
         return self.scheduler == "async"
 
     @property
+    def max_context(self) -> int:
+        """The longest prompt + output a request may reach: ``max_model_len`` less a
+        verify's drafts and its bonus token, so that vLLM never trims a request's drafts
+        at the model length (accept lengths stay a function of the request alone)."""
+        return self.max_model_len - self.spec_tokens - 1
+
+    @property
     def depth(self) -> int:
         """The most batches in flight: the batch queue for async, 1 for sync."""
         return self.batch_queue if self.is_async else 1
+
+    def workload_error(self, workload) -> str:
+        """Why ``workload`` does not fit this config (a one-line message), or ""."""
+        for r in workload.requests:
+            if len(r.prompt) + r.max_new_tokens > self.max_context:
+                return (f"request {r.rid}: prompt {len(r.prompt)} + max_new_tokens "
+                        f"{r.max_new_tokens} exceeds the {self.max_context} tokens a request "
+                        f"may reach (max_model_len {self.max_model_len} less "
+                        f"{self.spec_tokens} drafts and one bonus token)")
+            if any(not 0 <= t < self.vocab for t in tuple(r.prompt) + tuple(r.stop_ids)):
+                return f"request {r.rid}: token ids must lie in 0..{self.vocab - 1}"
+        return ""
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -16,9 +16,17 @@ Environment (set by the target, not asked of the user):
 The model directory holds one ``config.json`` of a tiny Llama (the scheduler only reads
 its sizes); it is written to a temporary directory for the config's construction and
 removed right after, so nothing is shipped as package data and nothing is left behind.
+
+Two things are built once per process and kept: the vLLM names (``load``: importing
+vLLM takes seconds) and the ``ModelConfig`` of each ``max_model_len`` (parsing the
+model's config through transformers is most of a session's start-up). Both are
+immutable facts of the installed vLLM; every session still builds its own
+``VllmConfig``, KV cache manager and scheduler.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import tempfile
@@ -68,8 +76,10 @@ def prepare_environment() -> None:
         logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
+@functools.lru_cache(maxsize=None)
 def load() -> SimpleNamespace:
-    """The vLLM names the target uses (imports vLLM on first call)."""
+    """The vLLM names the target uses (imports vLLM on first call; ``TargetUnavailable``
+    while vLLM is missing or of another version)."""
     check_version()
     prepare_environment()
     import torch
@@ -85,24 +95,35 @@ def load() -> SimpleNamespace:
     return SimpleNamespace(**{k: v for k, v in locals().items()})
 
 
-def build_scheduler(cfg, V: SimpleNamespace):
-    """A vLLM ``Scheduler`` or ``AsyncScheduler`` for ``cfg`` (a ``VllmTargetConfig``)."""
+@functools.lru_cache(maxsize=None)
+def _model_config(max_model_len: int):
+    """The tiny Llama's ``ModelConfig`` for ``max_model_len`` (kept: see the module
+    docstring; callers take a shallow copy)."""
+    V = load()
     with tempfile.TemporaryDirectory(prefix="overlapcheck-vllm-") as model_dir:
         with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(MODEL_CONFIG, f)
-        sched_cfg = V.SchedulerConfig(
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=cfg.max_model_len, enable_chunked_prefill=True,
-            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            async_scheduling=cfg.is_async, is_encoder_decoder=False)
-        model_cfg = V.ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
-                                  seed=0, max_model_len=cfg.max_model_len)
-        cache_cfg = V.CacheConfig(block_size=cfg.block_size, enable_prefix_caching=False)
-        spec_cfg = (V.SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.spec_tokens,
-                                        prompt_lookup_min=1, prompt_lookup_max=2)
-                    if cfg.spec_tokens else None)
-        vllm_cfg = V.VllmConfig(scheduler_config=sched_cfg, model_config=model_cfg,
-                                cache_config=cache_cfg, speculative_config=spec_cfg)
+        return V.ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
+                             seed=0, max_model_len=max_model_len)
+
+
+def build_scheduler(cfg, V: SimpleNamespace):
+    """A vLLM ``Scheduler`` or ``AsyncScheduler`` for ``cfg`` (a ``VllmTargetConfig``)."""
+    sched_cfg = V.SchedulerConfig(
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len, enable_chunked_prefill=True,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        async_scheduling=cfg.is_async, is_encoder_decoder=False)
+    # VllmConfig marks its ModelConfig as verified (``config_updated``): a copy each, so
+    # every session's VllmConfig runs vLLM's own verification (the parsed HF config it
+    # shares is only read)
+    model_cfg = copy.copy(_model_config(cfg.max_model_len))
+    cache_cfg = V.CacheConfig(block_size=cfg.block_size, enable_prefix_caching=False)
+    spec_cfg = (V.SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.spec_tokens,
+                                    prompt_lookup_min=1, prompt_lookup_max=2)
+                if cfg.spec_tokens else None)
+    vllm_cfg = V.VllmConfig(scheduler_config=sched_cfg, model_config=model_cfg,
+                            cache_config=cache_cfg, speculative_config=spec_cfg)
     # vLLM's CPU platform switches async scheduling off because its CPU workers cannot
     # overlap; the target emulates a GPU deployment, whose scheduler runs async.
     vllm_cfg.scheduler_config.async_scheduling = cfg.is_async

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 from ...engine import events as E
 from ...engine.results import RequestResult, RunResult, summarize
 from ...engine.types import SEEDED
-from ...engine.workload import Workload, WorkloadError
+from ...engine.workload import Workload
 from ..base import Chooser, Session
 from . import patching
 from .events import ReqCounters, VllmCounters, VllmFrame, VllmFrameDone, VllmSessionInfo
@@ -50,11 +50,20 @@ class _Batch:
 
 
 class VllmSession(Session):
-    def __init__(self, V, cfg, sched, strategy, observer, seed: int):
-        self.V, self.cfg, self.sched, self.seed = V, cfg, sched, seed
+    """One run of ``cfg`` on scheduler ``sched`` (built for it, faults already in
+    ``cfg.faults``): ``run`` drives it, ``close`` undoes the faults' patches.
+    ``engine`` is the vLLM scheduler; there is no device runtime."""
+
+    runtime = None
+
+    def __init__(self, V, cfg, sched, strategy, observer, trace: bool = False):
+        self.V, self.cfg, self.sched = V, cfg, sched
         self.chooser = Chooser(strategy)
         self.observer = observer
+        self.trace = trace
         self.iteration = 0
+        self.clock = 0                             # scheduler calls so far (trace time)
+        self._retired: List[tuple] = []
         self.goldens: Dict[int, Golden] = {}
         self.runner = FakeRunner(V, cfg, self.goldens)
         self.tracker = Tracker(sched, self._emit, cfg.max_num_seqs, cfg.block_size)
@@ -65,44 +74,53 @@ class VllmSession(Session):
         self.verifies: Dict[int, int] = {}
         self.ended: Dict[int, str] = {}
         self.late: List[int] = []
-        self.spec_drafts = self.spec_accepted = 0
+        self.progress = 0                          # the last step a token was kept or a request ended
         self.reverts = reverts_for(cfg.faults)
         for rv in self.reverts:
             patching.apply(sched, rv)
+        self._open = True
+
+    @property
+    def engine(self):
+        return self.sched
 
     @property
     def choices(self) -> List[int]:
         return self.chooser.choices
 
+    @property
+    def retired(self) -> list:
+        return list(self._retired)
+
     def close(self) -> None:
-        for rv in self.reverts:
-            patching.unapply(self.sched, rv)
+        """Drop the faults' patches from the scheduler (idempotent)."""
+        if self._open:
+            self._open = False
+            for rv in self.reverts:
+                patching.unapply(self.sched, rv)
 
     def _emit(self, ev) -> None:
         if self.observer is not None:
             self.observer(ev)
 
+    def _tick(self, lane: str, what: str) -> None:
+        """One scheduler call: the trace's logical clock, and its record with ``trace``."""
+        self.clock += 1
+        if self.trace:
+            self._retired.append((lane, what, self.clock))
+
     # -- the loop ------------------------------------------------------------------------------
-    def run(self, workload: Workload) -> RunResult:
+    def run(self, workload: Workload, max_steps: Optional[int] = None) -> RunResult:
+        """Run ``workload`` to the end (``check_workload`` has accepted it). The step
+        bound is ``max_steps``, else the config's ``max_steps``, else derived from the
+        workload; past it, ``Stalled`` then ``EngineStuck``."""
         try:
-            return self._run(workload)
+            return self._run(workload, max_steps)
         finally:
             self.close()
 
-    def _check(self, workload: Workload) -> None:
-        room = self.cfg.max_model_len - self.cfg.spec_tokens - 1
-        for r in workload.requests:
-            if len(r.prompt) + r.max_new_tokens > room:
-                raise WorkloadError(f"request {r.rid}: prompt {len(r.prompt)} + max_new_tokens "
-                                    f"{r.max_new_tokens} exceeds max_model_len "
-                                    f"{self.cfg.max_model_len} less {self.cfg.spec_tokens} "
-                                    f"drafts and one bonus token")
-            if any(not 0 <= t < self.cfg.vocab for t in r.prompt + tuple(r.stop_ids)):
-                raise WorkloadError(f"request {r.rid}: token ids must lie in 0..{self.cfg.vocab - 1}")
-
-    def _run(self, workload: Workload) -> RunResult:
+    def _run(self, workload: Workload, max_steps: Optional[int]) -> RunResult:
         from ...engine import EngineStuck
-        self._check(workload)
         cfg = self.cfg
         self._emit(VllmSessionInfo(0, -1, cfg.scheduler, cfg.depth, cfg.spec_tokens,
                                    cfg.block_size, cfg.defer_block_free, tuple(cfg.faults),
@@ -112,14 +130,24 @@ class VllmSession(Session):
             arrivals.setdefault(spec.arrival, []).append(spec)
         pending = sorted((a.step, a.rid) for a in workload.aborts)
         last_arrival = max((s.arrival for s in workload.requests), default=0)
-        bound = cfg.max_steps or (256 + last_arrival + 16 * sum(
+        bound = max_steps or cfg.max_steps or (256 + last_arrival + 16 * sum(
             len(s.prompt) + s.max_new_tokens for s in workload.requests))
+        # a live engine keeps a token or ends a request at least this often: a longest
+        # request's whole prefill, one token a step, with room to spare
+        quiet = 64 + 8 * max((len(s.prompt) + s.max_new_tokens for s in workload.requests),
+                             default=0)
         while True:
             it = self.iteration
             if it > last_arrival and not self.queue and not self.sched.has_requests():
                 break
+            msg = None
             if it >= bound:
                 msg = f"the vllm target's step bound ({bound} steps) ran out"
+            elif it - max(self.progress, last_arrival) > quiet:
+                since = max(self.progress, last_arrival)
+                msg = (f"no request kept a token or ended in the {it - since} steps since step "
+                       f"{since} ({len(self.sched.requests)} live)")
+            if msg is not None:
                 self._emit(E.Stalled(it, -1, "steps", msg))
                 raise EngineStuck(msg)
             for spec in sorted(arrivals.get(it, ()), key=lambda s: s.rid):
@@ -141,14 +169,17 @@ class VllmSession(Session):
         return res
 
     def _step(self) -> None:
-        sched, it = self.sched, self.iteration
+        sched = self.sched
         if sched.has_requests() and len(self.queue) < self.cfg.depth:
             so = sched.schedule()
             executed = so.total_num_scheduled_tokens > 0
             bid = -1
             if executed:
                 bid, self.next_bid = self.next_bid, self.next_bid + 1
+            self._tick("schedule", f"schedule -> batch {bid}" if executed else "schedule (empty)")
             out, entries = self.runner.execute(so)
+            if executed:
+                self._tick("forward", f"batch {bid}")
             self.queue.append(_Batch(bid, so, out, entries))
             self._after_schedule(so, bid, entries)
             if len(self.queue) < self.cfg.depth and (executed or sched.has_requests()):
@@ -180,7 +211,9 @@ class VllmSession(Session):
     def _abort(self, rid: int) -> None:
         if rid in self.ended:
             return
-        for req in self.sched.finish_requests(str(rid), self.V.RequestStatus.FINISHED_ABORTED):
+        gone = self.sched.finish_requests(str(rid), self.V.RequestStatus.FINISHED_ABORTED)
+        self._tick("abort", f"abort request {rid}")
+        for req in gone:
             self._gone(int(req.request_id), "abort", -1)
 
     def _gone(self, rid: int, how: str, batch: int) -> None:
@@ -189,6 +222,7 @@ class VllmSession(Session):
         self.tracker.rows_update(it, batch, self._running())
         self.tracker.memory(it, batch, {rid: how})
         self.ended[rid] = how
+        self.progress = it
         toks = tuple(req.output_token_ids)
         if how == "abort":
             self._emit(E.Aborted(it, batch, rid, toks))
@@ -219,14 +253,11 @@ class VllmSession(Session):
         for rid in sorted(late):
             self._abort(rid)
         outs = sched.update_from_output(b.so, b.out)
+        self._tick("output", f"update_from_output <- batch {b.bid}")
         got: Dict[int, object] = {}
         for eco in outs.values():
             for o in eco.outputs:
                 got[int(o.request_id)] = o
-            st = eco.scheduler_stats
-            if st is not None and st.spec_decoding_stats is not None:
-                self.spec_drafts += st.spec_decoding_stats.num_drafts
-                self.spec_accepted += st.spec_decoding_stats.num_accepted_tokens
         if b.bid >= 0:
             self._emit(VllmFrameDone(it, b.bid))
         for e in b.entries:
@@ -239,6 +270,7 @@ class VllmSession(Session):
         self.tracker.memory(it, b.bid, reasons)
         for rid in ends:
             self.ended[rid] = reasons[rid]
+            self.progress = it
             self._emit(E.Finished(it, b.bid, rid, reasons[rid],
                                   tuple(self.reqs[rid].output_token_ids)))
         if not self.cfg.is_async and self.cfg.spec_tokens:
@@ -248,6 +280,8 @@ class VllmSession(Session):
 
     def _tokens(self, e, bid: int, toks) -> None:
         it = self.iteration
+        if toks:
+            self.progress = it
         if e.kind in ("chunk", "unknown", "overrun") and not toks:
             self._emit(E.Prefilled(it, bid, e.rid, -1, False))
         elif e.kind == "prefill" and len(toks) <= 1:

@@ -1,38 +1,33 @@
 """Hypothesis strategies for the vLLM target: configs, workloads and schedules drawn
 together, so that shrinking minimizes all three.
 
-``vllm_case()`` draws a ``VllmCase``: a ``VllmTargetConfig`` (async or sync scheduler,
+``cases(checks, faults)`` draws an ``overlapcheck.run.Case`` of target ``vllm``: a
+``VllmTargetConfig`` (async or sync scheduler,
 batch queue 1..3, pools from one request's worth of blocks up, so preemption is
 common, 0..4 drafts, chunking on or off, deferred frees on or off), a ``Workload``
 (arrivals, prompts, max_new_tokens, stop ids, seeds, greedy or seeded sampling, aborts
-at any step) and ``stalls`` for ``overlapcheck.device.sched.Stalls`` over the target's
-lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take the abort
-now). ``faults`` are passed in, never drawn (the fuzzer knows no fault names).
+at any step) and a ``stalls`` schedule (``overlapcheck.device.sched.Stalls``) over the
+target's lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take
+the abort now). ``faults`` are passed in, never drawn (the fuzzer knows no fault
+names).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from hypothesis import strategies as st
 
 from ...engine.types import GREEDY, SEEDED, RequestSpec
 from ...engine.workload import AbortAt, Workload
+from ...run.case import Case, ScheduleSpec
 from .config import VllmTargetConfig
 
 LANES = ("ahead", "abort")
 VOCAB = 32
 
 
-@dataclass(frozen=True)
-class VllmCase:
-    cfg: VllmTargetConfig
-    workload: Workload
-    stalls: Tuple[Tuple[str, int, int], ...]
-
-
 @st.composite
-def vllm_config(draw, faults: Tuple[str, ...] = ()) -> VllmTargetConfig:
+def vllm_config(draw) -> VllmTargetConfig:
     scheduler = draw(st.sampled_from(("async", "sync")))
     batch_queue = draw(st.integers(1, 3)) if scheduler == "async" else 1
     block_size = draw(st.sampled_from((1, 2, 4, 8)))
@@ -42,18 +37,24 @@ def vllm_config(draw, faults: Tuple[str, ...] = ()) -> VllmTargetConfig:
     num_blocks = 1 + one + draw(st.integers(0, 2 * one))
     seqs = draw(st.integers(1, 6))
     chunk = draw(st.sampled_from((0, 0, 4, 8, 16)))
+    if 0 < chunk <= spec:
+        # vLLM 0.33.0 pads a one-token admission to 1 + spec tokens for a uniform decode
+        # batch, then cuts it to the chunk cap and fails its own assert (open upstream as
+        # vLLM PR #54028; tests/targets/test_vllm_target.py keeps the repro): a cap below
+        # the padded width would make every campaign report that known bug first
+        chunk = spec + 1
     return VllmTargetConfig(
         scheduler=scheduler, batch_queue=batch_queue, num_blocks=num_blocks,
         block_size=block_size, max_num_seqs=seqs,
         max_num_batched_tokens=seqs * max(spec + 1, chunk) + draw(st.integers(0, 64)),
         long_prefill_token_threshold=chunk, max_model_len=max_model_len, spec_tokens=spec,
         agreement=draw(st.integers(0, 100)), vocab=VOCAB,
-        defer_block_free=draw(st.booleans()), faults=tuple(faults))
+        defer_block_free=draw(st.booleans()))
 
 
 @st.composite
 def vllm_workload(draw, cfg: VllmTargetConfig) -> Workload:
-    room = cfg.max_model_len - cfg.spec_tokens - 1
+    room = cfg.max_context
     n = draw(st.integers(1, 8))
     reqs, aborts, step = [], [], 0
     for rid in range(n):
@@ -81,7 +82,9 @@ def vllm_stalls(draw) -> Tuple[Tuple[str, int, int], ...]:
 
 
 @st.composite
-def vllm_case(draw, faults: Tuple[str, ...] = ()) -> VllmCase:
-    """A whole case: config, workload and stalls."""
-    cfg = draw(vllm_config(faults))
-    return VllmCase(cfg, draw(vllm_workload(cfg)), draw(vllm_stalls()))
+def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = ()) -> Case:
+    """A whole case: config, workload and stalls; ``checks`` (empty: all) and ``faults``
+    are the campaign's."""
+    cfg = draw(vllm_config())
+    return Case(cfg, draw(vllm_workload(cfg)), ScheduleSpec("stalls", 0, draw(vllm_stalls())),
+                tuple(checks), tuple(faults), "vllm")
