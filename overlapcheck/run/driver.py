@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -70,9 +71,20 @@ def digest_of(result: Optional[RunResult], retired) -> str:
     return h.hexdigest()[:16]
 
 
-def _exception_finding(exc: BaseException, step: int) -> Finding:
+def _package_dir(name: Optional[str]) -> Optional[str]:
+    """The folder of an imported package (a target's engine), or None."""
+    mod = sys.modules.get(name) if name else None
+    path = getattr(mod, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else None
+
+
+def _exception_finding(exc: BaseException, step: int, engine: Optional[str] = None) -> Finding:
+    """Named by the innermost frame of our code or of the target's ``engine`` package
+    (for a real engine, where its own code failed)."""
     tb = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in tb if any(p in f.filename for p in ("overlapcheck", "fake_models", "invariants"))]
+    root = _package_dir(engine)
+    ours = [f for f in tb if any(p in f.filename for p in ("overlapcheck", "fake_models", "invariants"))
+            or (root is not None and f.filename.startswith(root))]
     frames = ours or tb
     where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
     text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {where})"
@@ -151,7 +163,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
         monitor.stuck(session.iteration, str(e))
     except Exception as e:  # noqa: BLE001 - the engine's own failure is a finding
         status = CRASHED
-        monitor.problem(_exception_finding(e, session.iteration))
+        monitor.problem(_exception_finding(e, session.iteration, target.package))
     if diverged is None and isinstance(strategy, Replay) and not strategy.exhausted:
         status, diverged = DIVERGED, (f"the run ended after {strategy.pos} of "
                                       f"{len(strategy.choices)} recorded decisions")
