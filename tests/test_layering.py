@@ -42,8 +42,27 @@ def _imports(mod: str, path: str, is_pkg: bool):
                 yield a.name, []
 
 
+def _case_strategy_modules():
+    """The modules targets name as their fuzz case strategy: the fuzzer imports them and
+    the target never does (``targets/base.py``), so they count as the fuzzer's."""
+    import importlib
+    from overlapcheck.targets import TARGETS
+    out = set()
+    for path in TARGETS.values():
+        module, cls = path.split(":")
+        named = getattr(importlib.import_module(module), cls).case_strategy
+        if named:
+            out.add(named.split(":")[0])
+    return out
+
+
+CASE_STRATEGIES = _case_strategy_modules()
+
+
 def _area(mod: str) -> str:
     """The package a module belongs to: ``overlapcheck.<sub>`` or a top-level one."""
+    if mod in CASE_STRATEGIES:
+        return "overlapcheck.fuzz"
     parts = mod.split(".")
     return ".".join(parts[:2]) if parts[0] == "overlapcheck" and len(parts) > 1 else parts[0]
 
