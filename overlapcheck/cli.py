@@ -20,7 +20,7 @@ COMMANDS = {
     "run": "overlapcheck.run.command",
     "leak-report": "overlapcheck.leakreport",
     "fuzz": "overlapcheck.fuzz.command",
-    "faults": "overlapcheck.faults.command",
+    "faults": "overlapcheck.targets.command",
     "replay": "overlapcheck.repro.command",
     "trace": "overlapcheck.repro.command",
     "minimize": "overlapcheck.repro.command",

@@ -159,3 +159,8 @@ def test_device_registry_flags_are_the_runtimes():
         rt = getattr(importlib.import_module(module), cls)
         assert (rt.replayable, rt.host_flags, rt.cpu_work, rt.gpu) == (
             info.replayable, info.host_flags, info.cpu_work, info.gpu), info.name
+
+
+if __name__ == "__main__":    # print the package import graph
+    for area in sorted(AREAS):
+        print(f"{area:24s} -> {', '.join(sorted(AREAS[area]))}")
