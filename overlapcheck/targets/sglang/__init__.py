@@ -1,21 +1,22 @@
 """The SGLang target: SGLang 0.5.23's real ``Scheduler``, in-process on CPU.
 
-``SglangTarget().open(cfg, strategy, observer, seed).run(workload)`` drives its overlap
-loop (``event_loop_overlap``) or normal loop with a deterministic fake model worker
-(spec decode included), or with the tiny random Llama (``model="real"``). Module map:
+``SglangTarget().open(cfg, strategy, observer).run(workload)`` drives its overlap loop
+(``event_loop_overlap``) or normal loop with a deterministic fake model worker (spec
+decode included), or with the tiny random Llama (``model: real``). Module map:
 
 * ``config``: ``SglangConfig``; ``env``: pin, environment, import stubs, tiny Llama dir;
-* ``build``: constructing (and reusing) the scheduler; ``worker``: the fake workers;
+* ``build``: constructing (and keeping) schedulers; ``worker``: the fake workers;
   ``kernels``: CPU equivalents of the scheduler-side Triton kernels of spec decode;
 * ``session``: the loop bodies, choice points and events; ``observe``: SGLang state ->
-  events and snapshots; ``faults``: historical bugs as opt-in patches;
-  ``strategies``: Hypothesis strategies for configs and workloads.
+  events and snapshots; ``golden``: the fake model's own continuation;
+  ``faults``: historical bugs as opt-in patches; ``strategies``: the fuzzer's cases.
 
 Nothing here imports SGLang at module import time.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import dataclasses
+from typing import Callable, Optional, Sequence
 
 from ..base import Target, TargetUnavailable
 from . import env
@@ -29,6 +30,9 @@ class SglangTarget(Target):
     package = env.PACKAGE
     pinned = env.PINNED
     install = env.INSTALL
+    config_type = SglangConfig
+    case_strategy = "overlapcheck.targets.sglang.strategies:cases"
+    case_options = ()
 
     def version(self) -> str:
         from importlib import metadata
@@ -56,17 +60,75 @@ class SglangTarget(Target):
         return to_dict(cfg)
 
     def reference_config(self, cfg: SglangConfig) -> SglangConfig:
-        from dataclasses import replace
-        return replace(cfg, overlap=False, faults=())
+        """The normal loop (``event_loop_normal``), no fault, same sizes."""
+        return dataclasses.replace(cfg, overlap=False, faults=())
 
-    def golden(self, cfg: SglangConfig):
-        """The fake model's own continuation rule (for the sglang-golden checker)."""
+    def checker_context(self, cfg: SglangConfig) -> dict:
+        """``golden``: the fake model's own continuation (``golden.Golden``) for the
+        sglang-golden checker, which also holds every accept length to the one the
+        fake draft and target give at that verify's own context. The tiny Llama of
+        real-forward mode has none here (its continuation needs SGLang's dummy
+        weights): its runs are held to parity's tokens.
+
+        ``parity_accept`` is off: parity compares accept lengths by the request's verify
+        count, which a retraction shifts in SGLang — its re-prefill of prompt + output
+        samples a token (the reference engine's re-prefill samples none), so every
+        later verify starts one position on. The tokens stay equal, and the golden
+        checker's accept lengths are exact regardless."""
+        if cfg.model != "fake":
+            return {"parity_accept": False}
         from .golden import Golden
-        return Golden(cfg)
+        return {"golden": Golden(cfg), "parity_accept": False}
+
+    def check_workload(self, workload, cfg: SglangConfig) -> None:
+        from ...engine.workload import WorkloadError
+        from .session import MAX_RID
+        for i, r in enumerate(workload.requests):
+            w = f"requests[{i}]"
+            if r.rid > MAX_RID:
+                raise WorkloadError(f"{w}.id: the sglang target takes ids up to {MAX_RID}, got {r.rid}")
+            if len(r.prompt) > cfg.max_prompt:
+                raise WorkloadError(f"{w}.prompt: {len(r.prompt)} tokens is longer than SGLang "
+                                    f"accepts at context {cfg.context} (at most {cfg.max_prompt})")
+            if len(r.prompt) + r.max_new_tokens > cfg.context:
+                raise WorkloadError(f"{w}: prompt + max_new_tokens = "
+                                    f"{len(r.prompt) + r.max_new_tokens} exceeds the context "
+                                    f"length {cfg.context} (SGLang refuses such a request)")
+            bad = [t for t in tuple(r.prompt) + tuple(r.stop_ids) if not 0 <= t < cfg.vocab]
+            if bad:
+                raise WorkloadError(f"{w}: token {bad[0]} is outside the vocabulary "
+                                    f"(0..{cfg.vocab - 1})")
+
+    def generate(self, seed: int, n: int, cfg: SglangConfig):
+        """``n`` seeded requests that fit ``cfg`` (mixed arrivals, stop ids, sampling
+        modes, aborts)."""
+        from ...engine.workload import generate
+        max_prompt = min(24, cfg.max_prompt)
+        return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=max_prompt,
+                        max_new=min(40, cfg.context - max_prompt))
 
     def open(self, cfg: SglangConfig, strategy, observer: Optional[Callable[[object], None]],
-             seed: int = 0):
-        self.version()
+             faults: Sequence[str] = (), *, device: str = "sim", detect: bool = True,
+             trace: bool = False, model=None, **options):
+        """A session on a built scheduler for ``cfg`` with ``faults`` switched on as
+        well as the config's. The target has no device model: ``device`` must be one
+        without a GPU (it runs on the CPU as on the sim); ``detect`` and ``trace`` have
+        nothing to act on; the model is the config's (``model``: none may be passed)."""
+        from ...device import device_info
+        if options:
+            raise ValueError(f"unknown run option {sorted(options)[0]!r} for the sglang target")
+        if device_info(device).gpu:
+            raise ValueError(f"the sglang target runs SGLang's scheduler on the CPU; device "
+                             f"{device!r} is not for it")
+        if model is not None:
+            raise ValueError("the sglang target runs its own model worker (config field "
+                             "'model': fake or real), not a model passed in")
+        self.check_faults(faults)
+        if faults:
+            cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults)
+                                                                      + tuple(faults))))
         from . import build
+        if not build.imported():
+            self.version()      # before SGLang's import: one line when it is missing
         from .session import SglangSession
-        return SglangSession(build.build(cfg), cfg, strategy, observer, seed)
+        return SglangSession(build.build(cfg), cfg, strategy, observer)

@@ -62,6 +62,19 @@ class SglangConfig:
         for name in self.faults:
             need(name in FAULTS, f"unknown fault {name!r} (choose from {', '.join(FAULTS)})")
 
+    @property
+    def max_context(self) -> int:
+        """The longest prompt + output SGLang lets one request reach: its
+        ``max_req_len`` (context - 1) less one (``init_req_max_new_tokens`` caps
+        max_new_tokens at max_req_len - prompt - 1). Workloads are parsed against it."""
+        return self.context - 2
+
+    @property
+    def max_prompt(self) -> int:
+        """The longest prompt SGLang admits: shorter than its ``max_req_input_len``
+        (max_req_len - 5); a longer one is aborted at arrival."""
+        return self.context - 7
+
     def build_key(self) -> tuple:
         """What the built scheduler depends on (everything but the drive settings)."""
         return (self.overlap, self.spec_steps, self.page_size, self.pool_tokens, self.max_running,

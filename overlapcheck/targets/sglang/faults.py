@@ -110,7 +110,11 @@ _register(Fault(
 # -- applying -------------------------------------------------------------------------------
 def _resolve(target: str):
     modname, qual = target.split(":")
-    mod = sys.modules.get(modname) or __import__(modname, fromlist=["_"])
+    mod = sys.modules.get(modname)
+    if mod is None:
+        from . import env
+        with env.stubbed():        # SGLang's import needs the stubs of its CUDA-only modules
+            mod = __import__(modname, fromlist=["_"])
     owner, parts = mod, qual.split(".")
     for p in parts[:-1]:
         owner = getattr(owner, p)

@@ -11,6 +11,7 @@ in every SGLang module that imported the kernel wrapper, and restores the origin
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from typing import Iterator, List, Tuple
 
@@ -40,16 +41,21 @@ REPLACEMENTS = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _sites(modules: int) -> Tuple[Tuple[object, str], ...]:
+    """Every SGLang module that imported a kernel wrapper by name; ``modules`` is
+    ``len(sys.modules)``, so the scan reruns only when modules were imported since."""
+    return tuple((mod, attr) for name, mod in list(sys.modules.items())
+                 if name.startswith("sglang.") and mod is not None
+                 for attr in REPLACEMENTS if attr in getattr(mod, "__dict__", {}))
+
+
 @contextlib.contextmanager
 def cpu_kernels() -> Iterator[None]:
     saved: List[Tuple[object, str, object]] = []
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("sglang.") or mod is None:
-            continue
-        for attr, repl in REPLACEMENTS.items():
-            if attr in getattr(mod, "__dict__", {}):
-                saved.append((mod, attr, mod.__dict__[attr]))
-                setattr(mod, attr, repl)
+    for mod, attr in _sites(len(sys.modules)):
+        saved.append((mod, attr, mod.__dict__[attr]))
+        setattr(mod, attr, REPLACEMENTS[attr])
     try:
         yield
     finally:

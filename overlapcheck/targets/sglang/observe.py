@@ -24,7 +24,7 @@ the previous step:
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Set, Tuple
 
 from overlapcheck.engine import events as E
 

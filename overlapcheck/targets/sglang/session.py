@@ -22,12 +22,14 @@ Choice points (the ``Chooser`` lanes), what is nondeterministic in a deployment:
   ``SGLANG_TEST_RETRACT`` (interval 1) forces a retraction in that step's
   ``update_running_batch``.
 
-Everything else comes from the seed: the workload's sampling seeds reach the fake
-model through the request's ``sampling_seed``; SGLang's global RNG is re-seeded at the
-start of every run, so a run's event stream depends on (config, workload, choices) only.
+Nothing else varies: the workload's sampling seeds reach the model through each
+request's ``sampling_seed``, and the global RNGs SGLang seeds at construction are
+seeded again from its ``random_seed`` at the start of every run, so a run's event
+stream depends on (config, workload, choices) only.
 """
 from __future__ import annotations
 
+import contextlib
 from array import array
 from collections import deque
 from typing import Dict, List, Optional
@@ -40,6 +42,9 @@ from ..base import Chooser, Session
 from .observe import Observer, visible
 
 
+MAX_RID = 10 ** 8 - 1
+
+
 def rid_name(rid: int) -> str:
     """SGLang matches aborts by rid *prefix* ("r2" also aborts "r20"): fixed-width
     names with a terminator are never a prefix of one another."""
@@ -47,20 +52,37 @@ def rid_name(rid: int) -> str:
 
 
 class SglangSession(Session):
-    def __init__(self, built, cfg, strategy, observer, seed: int = 0):
+    """One run of a built scheduler (``build.Built``) for ``cfg``; its decisions come
+    from ``strategy``, its events go to ``observer``."""
+
+    def __init__(self, built, cfg, strategy, observer):
         self.built = built
         self.s = built.scheduler
         self.cfg = cfg
         self.chooser = Chooser(strategy)
         self.observer = observer
-        self.seed = seed
         self.iteration = 0
+        self.points = 0
         self.bid = -1
-        self.events: List[object] = []
+        self._patches: Optional[contextlib.ExitStack] = None
+        self._closed = False
+
+    @property
+    def engine(self):
+        return self.s
+
+    @property
+    def clock(self) -> int:
+        return self.points
 
     @property
     def choices(self) -> List[int]:
         return self.chooser.choices
+
+    def point(self, lane: str) -> int:
+        """A choice point with one lane: 0 when it advances, -1 when it is held."""
+        self.points += 1
+        return self.chooser.point([lane])
 
     def emit(self, ev) -> None:
         if self.observer is not None:
@@ -88,15 +110,49 @@ class SglangSession(Session):
         return AbortReq(rid=rid_name(rid))
 
     # -- the run ----------------------------------------------------------------------------
-    def run(self, workload) -> RunResult:
-        from overlapcheck.engine.loop import EngineStuck
+    def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
+        """Run ``workload`` to the end (``max_steps``: the step bound, default the
+        config's ``step_bound``). SGLang's patches for the run (its runtime context, the
+        CPU kernels, the config's faults) are in place only while it runs."""
+        from sglang.srt.utils.common import DynamicGradMode
         from .faults import applied
         from .kernels import cpu_kernels
-        s, cfg = self.s, self.cfg
-        self._prepare()
+        if self._closed:
+            raise RuntimeError("sglang: the session is closed")
+        bound = self.cfg.step_bound if max_steps is None else max_steps
+        self._patches = contextlib.ExitStack()
+        try:
+            with self._patches:
+                self._patches.enter_context(self.built.active())
+                self._patches.enter_context(DynamicGradMode())
+                self._patches.enter_context(cpu_kernels())
+                self._patches.enter_context(applied(self.cfg.faults))
+                # a run that raises leaves the scheduler in a state no flush is trusted
+                # to undo: the next session builds a fresh one
+                self.built.busy = True
+                result = self._loop(workload, bound)
+                self.built.busy = False
+        finally:
+            self._patches = None
+        self.emit(E.RunEnd(self.iteration, -1, result))
+        return result
+
+    def close(self) -> None:
+        """Idempotent. Every patch is already undone when ``run`` returns or raises;
+        this undoes them for a run that was left in the middle, and leaves the
+        scheduler quiet (its debug batch cleared)."""
+        if self._patches is not None:
+            self._patches.close()
+            self._patches = None
+        self.s.cur_batch_for_debug = None
+        self._closed = True
+
+    def _loop(self, workload, bound: int) -> RunResult:
+        from overlapcheck.engine.loop import EngineStuck
         specs = {r.rid: r for r in workload.requests}
         due = sorted([(r.arrival, 0, r.rid) for r in workload.requests]
                      + [(a.step, 1, a.rid) for a in workload.aborts])
+        self._prepare()
         self.pending: deque = deque()      # (kind, rid) due but not yet delivered
         self.reqs: Dict[int, object] = {}  # rid -> SGLang Req, once created
         self.ended: Dict[int, str] = {}
@@ -104,50 +160,37 @@ class SglangSession(Session):
         self.verifies: Dict[int, int] = {}
         self.accepts: Dict[int, List[int]] = {rid: [] for rid in specs}
         self.retracts: Dict[int, int] = {rid: 0 for rid in specs}
-        self.obs = Observer(s, cfg.page_size, self.emit)
-        arrived = set()
-        # a run that raises, or ran with a fault, leaves the scheduler in a state no
-        # flush is trusted to undo: the next session builds a fresh one
-        self.built.busy = True
-        with cpu_kernels(), applied(cfg.faults, self):
-            while True:
-                it = self.iteration
-                while due and due[0][0] <= it:
-                    _, kind, rid = due.pop(0)
-                    self.pending.append((kind, rid))
-                self._deliver(it, specs, arrived)
-                self.bid_launched = -1
-                self._body(it)
-                self._observe(it, specs)
-                self.iteration += 1
-                if not due and not self.pending and len(self.ended) == len(specs) and self._idle():
-                    break
-                if self.iteration >= cfg.step_bound:
-                    live = sorted(set(specs) - set(self.ended))
-                    self.emit(E.Stalled(it, -1, "steps", f"{len(live)} requests still live after "
-                                        f"{cfg.step_bound} steps (first: {live[:5]})"))
-                    self.built.busy = True
-                    raise EngineStuck(f"sglang: step bound {cfg.step_bound} ran out")
-        self.built.busy = bool(cfg.faults)
-        result = self._result(specs)
-        self.emit(E.RunEnd(self.iteration, -1, result))
-        return result
+        self.obs = Observer(self.s, self.cfg.page_size, self.emit)
+        while True:
+            it = self.iteration
+            while due and due[0][0] <= it:
+                _, kind, rid = due.pop(0)
+                self.pending.append((kind, rid))
+            self._deliver(it, specs)
+            self._body(it)
+            self._observe(it, specs)
+            self.iteration += 1
+            if not due and not self.pending and len(self.ended) == len(specs) and self._idle():
+                break
+            if self.iteration >= bound:
+                live = sorted(set(specs) - set(self.ended))
+                self.emit(E.Stalled(it, -1, "steps", f"{len(live)} requests still live after "
+                                    f"{bound} steps (first: {live[:5]})"))
+                raise EngineStuck(f"sglang: step bound {bound} ran out")
+        return self._result(specs)
 
     def _prepare(self) -> None:
         """What ``run_event_loop`` and ``event_loop_overlap`` set up before looping,
-        plus a reset of what a previous run on this scheduler left (``flush_cache``)."""
-        import random
-        import numpy as np
-        import torch
+        plus a reset of what a previous run on this scheduler left (SGLang's own
+        ``flush_cache``, which empties the KV pool and the request pool)."""
+        from sglang.srt.utils.common import set_random_seed
         s = self.s
         if not s.flush_cache(empty_cache=False):
-            self.built.busy = True
             raise RuntimeError("sglang: the reused scheduler is not idle")
-        # SGLang seeds torch's and Python's global RNGs itself (set_random_seed); reset
-        # them per run so a real-forward run does not depend on the runs before it
-        random.seed(0)
-        np.random.seed(0)
-        torch.manual_seed(0)
+        # the scheduler seeds the global RNGs at construction (its random_seed, from
+        # the config); seeding them again per run makes a real-forward run independent
+        # of the runs before it
+        set_random_seed(s.random_seed)
         s.forward_ct = 0
         s.last_batch = None
         s.running_batch = type(s.running_batch).init_new(
@@ -161,18 +204,17 @@ class SglangSession(Session):
         self.built.pipes.inbox.clear()
         self.built.pipes.outbox.clear()
         if self.built.fake_worker is not None:
-            self.built.fake_worker.reset()
+            self.built.fake_worker.reset(self.cfg)
         s.new_token_ratio_tracker.current = s.new_token_ratio_tracker.init
         self.queued_bids: deque = deque()
 
-    def _deliver(self, it: int, specs, arrived) -> None:
+    def _deliver(self, it: int, specs) -> None:
         keep = deque()
         while self.pending:
             kind, rid = self.pending.popleft()
-            if self.chooser.point(["recv"]) == 0:
+            if self.point("recv") == 0:
                 if kind == 0:
                     self.built.pipes.inbox.append(self._generate_req(specs[rid]))
-                    arrived.add(rid)
                     self.emit(E.Arrived(it, -1, rid, specs[rid]))
                 else:
                     self.built.pipes.inbox.append(self._abort_req(rid))
@@ -190,7 +232,7 @@ class SglangSession(Session):
         s.ingest_requests()
         self._track_new()
         decoding = s.running_batch is not None and not s.running_batch.is_empty()
-        force = decoding and self.chooser.point(["decode"]) == -1
+        force = decoding and self.point("decode") == -1
         sched_mod.TEST_RETRACT, sched_mod.TEST_RETRACT_INTERVAL = force, 1
         try:
             plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
@@ -218,7 +260,7 @@ class SglangSession(Session):
     def _overlap_body(self, batch) -> None:
         s = self.s
         disable = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
-        if not disable and batch and s.result_queue and self.chooser.point(["overlap"]) == -1:
+        if not disable and batch and s.result_queue and self.point("overlap") == -1:
             disable = True
         if disable:
             self._pop_and_process()

@@ -27,7 +27,7 @@ CPU build; the fake's drafts do not read them), so only the bonus token is relay
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List
 
 import numpy as np
 import torch
@@ -109,7 +109,11 @@ class FakeModelWorker:
             sch.batch_result_processor = dataclasses.replace(
                 sch.batch_result_processor, model_worker=self)
 
-    def reset(self) -> None:
+    def reset(self, cfg) -> None:
+        """A new session: an empty KV, and its config's acceptance rate (a build is
+        shared by every config with its build key, which the rate is not part of)."""
+        self.cfg = cfg
+        self.oracle.agreement = cfg.agreement
         self.oracle.kv.fill(PAD)
         self.forwards = 0
 
