@@ -103,8 +103,11 @@ def parse(doc, cfg: EngineConfig) -> Workload:
         if not prompt:
             raise WorkloadError(f"{w}.prompt: must hold at least one token")
         if len(prompt) >= cfg.max_context:
+            # a target's config has a max_context; only the reference engine's a row width
+            width = getattr(cfg, "row_width", None)
             raise WorkloadError(f"{w}.prompt: {len(prompt)} tokens is longer than the row width "
-                                f"allows ({cfg.max_context - 1} at row width {cfg.row_width})")
+                                f"allows ({cfg.max_context - 1}"
+                                + (f" at row width {width})" if width is not None else ")"))
         sampling = item.get("sampling", GREEDY)
         if sampling not in SAMPLING:
             raise WorkloadError(f"{w}.sampling: must be one of {', '.join(SAMPLING)}, got {sampling!r}")
