@@ -1,6 +1,7 @@
-"""sglang-golden: every token a target keeps is the fake model's own continuation of the
-request's prefix, and every accept length is the one the fake draft and target give
-there — computed from the token list alone, with no engine (docs/design.md §9.3).
+"""sglang-golden: every token a target keeps is the model's own continuation of the
+request's prefix (the fake model's, or in real-forward mode the tiny Llama's greedy
+one), and every accept length is the one the fake draft and target give there —
+computed from the token list alone, with no engine (docs/design.md §9.3).
 
 Parity compares two schedules of the same engine and misses what both share; this
 oracle does not trust the engine. A kept token that differs means the model read
@@ -8,9 +9,10 @@ another context than the request's own (a slot of another request, a stale or re
 slot, a wrong table row): the SGLang target's fake worker reads tokens through SGLang's
 request->token table and KV slots.
 
-Context: ``golden`` (an object with ``next(spec, tokens)`` and
-``accept_len(spec, tokens)``, e.g. ``SglangTarget().golden(cfg)``); without it this
-checker is idle. Requests arrive with their spec (``Arrived.spec``).
+Context: ``golden`` (an object with ``next(spec, tokens)``, ``k`` (draft steps) and,
+with k > 0, ``accept_len(spec, tokens)``; optionally ``covers(spec)``, the requests it
+judges), as ``SglangTarget().checker_context(cfg)`` gives it; without it this checker
+is idle. Requests arrive with their spec (``Arrived.spec``).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ class SglangGolden(Checker):
                           (kind,), {"rid": rid, "batch": ev.batch})]
 
     def on_Arrived(self, ev: E.Arrived):
-        if ev.spec is not None:
+        covers = getattr(self.golden, "covers", None)
+        if ev.spec is not None and (covers is None or covers(ev.spec)):
             self.specs[ev.rid] = ev.spec
             self.out[ev.rid] = []
 

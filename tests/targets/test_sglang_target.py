@@ -14,6 +14,7 @@ from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 from overlapcheck.targets.sglang.config import from_dict
 
 CTX = dict(context=64, vocab=32)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Log:
@@ -278,19 +279,40 @@ def test_builds_of_several_configs_live_side_by_side(sglang):
     assert first == again == fresh
 
 
-def test_real_forward_overlap_equals_normal(sglang):
-    """The tiny random Llama through SGLang's real model worker: the overlap loop's
-    tokens equal the normal loop's (parity's reference), request by request."""
+def test_real_forward_is_golden_and_overlap_equals_normal(sglang):
+    """The tiny Llama through SGLang's real model worker and loader: every token is
+    the model's own greedy continuation (sglang-golden: transformers' Llama on the same
+    checkpoint, one request at a time), and the overlap loop's tokens equal the normal
+    loop's (parity)."""
+    from overlapcheck.targets.sglang.golden import LlamaGolden
     t = SglangTarget()
     cfg = SglangConfig(model="real", **CTX)
+    assert isinstance(t.checker_context(cfg)["golden"], LlamaGolden)
     wl = Workload(tuple(RequestSpec(i, i, tuple((5 * i + j) % 32 for j in range(3 + i)), 6,
                                     (), 0, GREEDY) for i in range(3)))
     out, log = _run(cfg, wl)
     assert out.status == "completed" and out.findings == [], out.findings[:3]
     assert all(len(r.tokens) == 6 for r in out.result.requests.values())
-    nm, _ = _run(replace(cfg, overlap=False), wl)
-    assert _tokens(nm.result) == _tokens(out.result)
     assert log.count(E.Finished) == 3
+    # the checker does judge these tokens: one token changed is a golden violation
+    from invariants.sglang_golden import SglangGolden
+    checker = SglangGolden(golden=LlamaGolden(cfg))
+    arrived = [e for e in log.events if isinstance(e, E.Arrived)]
+    first = next(e for e in log.events if isinstance(e, E.Prefilled) and e.rid == 0)
+    for ev in arrived:
+        checker.feed(ev)
+    bad = replace(first, token=(first.token + 1) % 32)
+    assert [v.checker for v in checker.feed(bad)] == ["sglang-golden"]
+
+
+def test_real_forward_refuses_seeded_sampling():
+    doc = {"target": "sglang", "config": dict(CTX, model="real"),
+           "workload": {"requests": [{"id": 0, "prompt": [1, 2], "max_new_tokens": 3,
+                                      "sampling": "seeded", "seed": 4}]}}
+    with pytest.raises(CaseError, match="real-forward mode decodes greedily"):
+        Case.from_dict(doc)
+    cfg = SglangConfig(model="real", **CTX)
+    assert all(r.sampling == GREEDY for r in SglangTarget().generate(2, 16, cfg).requests)
 
 
 def test_case_strategy_draws_valid_cases_that_run(sglang):

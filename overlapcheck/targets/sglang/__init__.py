@@ -64,23 +64,22 @@ class SglangTarget(Target):
         return dataclasses.replace(cfg, overlap=False, faults=())
 
     def checker_context(self, cfg: SglangConfig) -> dict:
-        """``golden``: the fake model's own continuation (``golden.Golden``) for the
-        sglang-golden checker, which also holds every accept length to the one the
-        fake draft and target give at that verify's own context. The tiny Llama of
-        real-forward mode has none here (its continuation needs SGLang's dummy
-        weights): its runs are held to parity's tokens.
+        """``golden`` for the sglang-golden checker: the fake model's own continuation
+        (``golden.Golden``), which also gives every accept length exactly at that
+        verify's own context; in real-forward mode the tiny Llama's greedy continuation
+        (``golden.LlamaGolden``, transformers on the same checkpoint).
 
         ``parity_accept`` is off: parity compares accept lengths by the request's verify
         count, which a retraction shifts in SGLang — its re-prefill of prompt + output
         samples a token (the reference engine's re-prefill samples none), so every
         later verify starts one position on. The tokens stay equal, and the golden
         checker's accept lengths are exact regardless."""
-        if cfg.model != "fake":
-            return {"parity_accept": False}
-        from .golden import Golden
-        return {"golden": Golden(cfg), "parity_accept": False}
+        from .golden import Golden, LlamaGolden
+        golden = Golden(cfg) if cfg.model == "fake" else LlamaGolden(cfg)
+        return {"golden": golden, "parity_accept": False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
+        from ...engine.types import SEEDED
         from ...engine.workload import WorkloadError
         from .session import MAX_RID
         for i, r in enumerate(workload.requests):
@@ -94,6 +93,11 @@ class SglangTarget(Target):
                 raise WorkloadError(f"{w}: prompt + max_new_tokens = "
                                     f"{len(r.prompt) + r.max_new_tokens} exceeds the context "
                                     f"length {cfg.context} (SGLang refuses such a request)")
+            if cfg.model == "real" and r.sampling == SEEDED:
+                raise WorkloadError(f"{w}.sampling: real-forward mode decodes greedily (SGLang "
+                                    f"samples a seeded request from torch's global generator "
+                                    f"in batch order unless deterministic inference is on, "
+                                    f"which no CPU attention backend supports)")
             bad = [t for t in tuple(r.prompt) + tuple(r.stop_ids) if not 0 <= t < cfg.vocab]
             if bad:
                 raise WorkloadError(f"{w}: token {bad[0]} is outside the vocabulary "
@@ -101,11 +105,16 @@ class SglangTarget(Target):
 
     def generate(self, seed: int, n: int, cfg: SglangConfig):
         """``n`` seeded requests that fit ``cfg`` (mixed arrivals, stop ids, sampling
-        modes, aborts)."""
-        from ...engine.workload import generate
+        modes, aborts; greedy only in real-forward mode)."""
+        from ...engine.types import GREEDY
+        from ...engine.workload import Workload, generate
         max_prompt = min(24, cfg.max_prompt)
-        return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=max_prompt,
-                        max_new=min(40, cfg.context - max_prompt))
+        wl = generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=max_prompt,
+                      max_new=min(40, cfg.context - max_prompt))
+        if cfg.model == "real":     # greedy only (check_workload says why)
+            wl = Workload(tuple(dataclasses.replace(r, sampling=GREEDY) for r in wl.requests),
+                          wl.aborts)
+        return wl
 
     def open(self, cfg: SglangConfig, strategy, observer: Optional[Callable[[object], None]],
              faults: Sequence[str] = (), *, device: str = "sim", detect: bool = True,

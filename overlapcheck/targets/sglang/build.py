@@ -2,7 +2,8 @@
 
 ``build(cfg)`` turns a ``SglangConfig`` into SGLang's ``ServerArgs`` and constructs
 ``Scheduler(server_args, port_args)`` as its scheduler process does, on CPU with the
-tiny Llama (``load_format=dummy``, fp32, ``attention_backend=torch_native``). What
+tiny Llama (``checkpoint``: fp32, ``attention_backend=torch_native``; the fake worker's
+builds skip its weights with ``load_format=dummy``). What
 differs from a server is at the edges:
 
 * its ZMQ sockets are replaced by in-process queues (``Pipes``): requests are fed as
@@ -37,7 +38,7 @@ import socket
 from collections import OrderedDict
 from typing import Iterator, List
 
-from . import env
+from . import checkpoint, env
 from .config import SglangConfig
 
 #: builds kept per process, least recently used first out (about 1 MB each)
@@ -99,7 +100,8 @@ def server_args(cfg: SglangConfig, path: str):
                     speculative_num_draft_tokens=cfg.spec_steps + 1)
     return ServerArgs(
         model_path=path, tokenizer_path=path, skip_tokenizer_init=True, device="cpu",
-        attention_backend="torch_native", sampling_backend="pytorch", load_format="dummy",
+        attention_backend="torch_native", sampling_backend="pytorch",
+        load_format="dummy" if cfg.model == "fake" else "safetensors",
         dtype="float32", random_seed=0, disable_cuda_graph=True,
         disable_radix_cache=True, page_size=cfg.page_size,
         max_total_tokens=cfg.pool_tokens, max_running_requests=cfg.max_running,
@@ -137,7 +139,7 @@ def _construct(cfg: SglangConfig, key) -> Built:
     from sglang.srt.server_args import PortArgs
     from .worker import FakeModelWorker
 
-    path = env.model_dir(cfg.vocab, cfg.context, env.scratch_root())
+    path = checkpoint.model_dir(cfg.vocab, cfg.context)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_cpu_overrides(cfg))
         sa = server_args(cfg, path)

@@ -1,5 +1,5 @@
 """The import environment of the SGLang target: its pin, the environment variables it
-needs, the tiny Llama's config directory and the import stubs for CUDA-only modules.
+needs and the import stubs for CUDA-only modules.
 
 SGLang is imported lazily, inside ``SglangTarget.open``/``version`` only. Its import
 pulls in two modules that a CPU install cannot provide:
@@ -23,10 +23,8 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
-import tempfile
 import types
 from typing import Dict, Iterator, List
 
@@ -122,35 +120,3 @@ def stubbed() -> Iterator[None]:
         sys.meta_path.remove(finder)
         for name in [n for n, m in sys.modules.items() if isinstance(m, _StubModule)]:
             del sys.modules[name]
-
-
-# The tiny random Llama of real_forward mode (and the shape every mode's scheduler is
-# built for: vocabulary, context). Generated into a private directory at first use
-# rather than shipped as package data: it is twelve numbers, and SGLang only reads
-# config.json from it (load_format=dummy draws the weights from SGLang's own seed).
-def tiny_llama_config(vocab: int, context: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": vocab,
-        "max_position_embeddings": context, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": 0,
-        "eos_token_id": vocab, "tie_word_embeddings": False,   # eos: never sampled
-    }
-
-
-def model_dir(vocab: int, context: int, root: str) -> str:
-    """A directory holding the tiny Llama's config.json (written once per shape)."""
-    path = os.path.join(root, f"tiny-llama-v{vocab}-c{context}")
-    cfg = os.path.join(path, "config.json")
-    if not os.path.exists(cfg):
-        os.makedirs(path, exist_ok=True)
-        tmp = cfg + f".{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(tiny_llama_config(vocab, context), f, indent=1, sort_keys=True)
-        os.replace(tmp, cfg)
-    return path
-
-
-def scratch_root() -> str:
-    return os.path.join(tempfile.gettempdir(), f"overlapcheck-sglang-{os.getuid()}")

@@ -1,4 +1,5 @@
-"""The fake model's own continuation, with no engine: the golden reference.
+"""The model's own continuation, with no engine: the golden reference (the fake
+model's, ``Golden``; the tiny Llama's, ``LlamaGolden``).
 
 ``Golden(cfg).next(spec, tokens)`` is the token the fake model gives after ``tokens``
 (prompt plus output so far) for a request with ``spec``'s seed and sampling, computed
@@ -9,6 +10,7 @@ any difference means SGLang fed the model another context than the request's own
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from overlapcheck.engine.types import SEEDED
@@ -48,3 +50,39 @@ class Golden:
             chain.append(d)
             a += 1
         return a
+
+
+class LlamaGolden:
+    """The tiny Llama's own greedy continuation (real-forward mode): transformers'
+    ``LlamaForCausalLM`` on the same checkpoint SGLang loads (``checkpoint``), the
+    whole prefix recomputed for each token, one request at a time, no engine. A seeded
+    request's token is SGLang's sampler's draw, which this does not model: ``covers``
+    says which requests it judges (greedy ones)."""
+
+    k = 0
+
+    def __init__(self, cfg):
+        self.model = _hf_llama(cfg.vocab, cfg.context)
+
+    @staticmethod
+    def covers(spec) -> bool:
+        return spec.sampling != SEEDED
+
+    def next(self, spec, tokens: Sequence[int]) -> int:
+        import torch
+        with torch.no_grad():
+            logits = self.model(torch.tensor([list(tokens)], dtype=torch.long)).logits
+        return int(torch.argmax(logits[0, -1]))
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_llama(vocab: int, context: int):
+    """transformers' Llama on the target's checkpoint (kept: loading costs seconds)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from . import checkpoint
+    path = checkpoint.model_dir(vocab, context)
+    model = LlamaForCausalLM(LlamaConfig(**checkpoint.config(vocab, context),
+                                         attn_implementation="eager"))
+    model.load_state_dict(load_file(f"{path}/model.safetensors"))
+    return model.float().eval()
