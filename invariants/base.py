@@ -96,6 +96,9 @@ REGISTRY: Dict[str, str] = {
     "lifecycle": "invariants.lifecycle:Lifecycle",
     "liveness": "invariants.liveness:Liveness",
     "rank-agreement": "invariants.rank_agreement:RankAgreement",
+    # oracles that do not trust the engine (docs/design.md §9.3)
+    "golden": "invariants.golden:Golden",
+    "accept-oracle": "invariants.accept_oracle:AcceptOracle",
     # the vLLM target's (their events come from overlapcheck.targets.vllm)
     "vllm-placeholders": "invariants.vllm_placeholders:VllmPlaceholders",
     "vllm-golden": "invariants.vllm_golden:VllmGolden",

@@ -61,6 +61,13 @@ class ReferenceTarget(Target):
         from ..faults import FAULTS
         return FAULTS
 
+    def checker_context(self, cfg) -> dict:
+        """The golden reference of the config's model (``fake_models.golden``: on the CPU,
+        one per model and row width, shared by the runs of a process) and the config,
+        for the golden and accept-oracle checkers."""
+        from fake_models.golden import shared
+        return {"model_golden": shared(cfg.model, cfg.row_width), "engine_config": cfg}
+
     def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
              model=None, runtime=None, access="declared", detect=True, engine=None,
              trace=False, **options) -> ReferenceSession:

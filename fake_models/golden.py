@@ -1,0 +1,96 @@
+"""The golden reference: what a request must produce, computed without the engine
+(docs/design.md §9.3).
+
+``Golden(model, width)`` answers, for one request at a time (prompt, sampling seed,
+greedy or seeded):
+
+* ``sequence(prompt, seed, seeded, need, hint)``: the prompt followed by the model's own
+  continuation, ``need`` tokens long — the tokens the target gives, greedy or seeded,
+  with no paging, batching, overlap or speculation. ``hint`` (the engine's tokens) only
+  speeds it up: a hinted token counts only once the model has produced it too.
+* ``accept_lens(prompt, seed, seeded, kind, k, starts)``: for verifies at committed
+  lengths ``starts`` (context ``G[:L]``, input ``G[L]``), the accept length the golden
+  draft and golden target imply: 1 + the longest prefix of the ``k`` drafts the draft
+  kind proposes from that prefix that equal the continuation.
+
+Models of the oracle family run as exact Python integers (``golden_oracle``), every
+other model through its own API on the CPU (``golden_torch``). Results are cached per
+request, so a checker asking again, or a fuzz campaign re-running a shrunk workload,
+pays once; ``shared(model, width)`` keeps one ``Golden`` per (model, row width) — a memo
+of pure functions: nothing in it changes what any call returns.
+"""
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from typing import List, Sequence, Tuple
+
+from .golden_oracle import OracleRequest
+from .golden_torch import ModelRequest
+from .oracle import OracleModel
+
+CACHED_REQUESTS = 512
+
+
+class Golden:
+    """The golden reference of model ``model`` (a name ``make_model`` knows, or a model
+    object) for contexts up to ``width`` tokens (the engine's row width)."""
+
+    def __init__(self, model, width: int, cached: int = CACHED_REQUESTS):
+        if isinstance(model, str):
+            from . import make_model
+            model = make_model(model)
+        self.model, self.width, self.cached = model, width, cached
+        self.exact = isinstance(model, OracleModel)
+        self._reqs: "OrderedDict[tuple, object]" = OrderedDict()
+
+    def _req(self, prompt, seed: int, seeded: bool):
+        key = (tuple(int(t) for t in prompt), int(seed), bool(seeded))   # drafts read the seed
+        r = self._reqs.get(key)
+        if r is None:
+            if self.exact:
+                r = OracleRequest(self.model, key[0], key[1], seeded)
+            else:
+                r = ModelRequest(self.model, self.width, key[0], key[1], seeded)
+            self._reqs[key] = r
+            if len(self._reqs) > self.cached:
+                self._reqs.popitem(last=False)
+        else:
+            self._reqs.move_to_end(key)
+        return r
+
+    def sequence(self, prompt, seed: int, seeded: bool, need: int,
+                 hint: Sequence[int] = ()) -> Tuple[int, ...]:
+        """Prompt + golden continuation, ``min(need, width)`` tokens."""
+        r = self._req(prompt, seed, seeded)
+        need = min(need, self.width)
+        if len(r.G) < need:
+            if self.exact:
+                r.extend(need)
+            else:
+                r.extend(need, hint)
+        return tuple(r.G[:need])
+
+    def accept_lens(self, prompt, seed: int, seeded: bool, kind: str, k: int,
+                    starts: Sequence[int], hint: Sequence[int] = ()) -> List[int]:
+        """Golden accept lengths of verifies at committed lengths ``starts``."""
+        if not starts:
+            return []
+        self.sequence(prompt, seed, seeded, max(starts) + k + 1, hint)
+        r = self._req(prompt, seed, seeded)
+        if self.exact:
+            return [r.accept_len(kind, k, L) for L in starts]
+        return r.accept_lens(kind, k, starts)
+
+
+@functools.lru_cache(maxsize=4)
+def _model(name: str):
+    from . import make_model
+    return make_model(name)
+
+
+@functools.lru_cache(maxsize=16)
+def shared(model: str, width: int) -> Golden:
+    """One ``Golden`` per (model name, row width), built on first use; the model itself
+    is built once per name."""
+    return Golden(_model(model), width)

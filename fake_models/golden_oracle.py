@@ -1,0 +1,99 @@
+"""The oracle pair's golden continuation and drafts in plain Python integers.
+
+The oracle (``oracle.py``, ``oracle_heads.py``) is exact integer arithmetic on int64
+tensors whose values stay in ``[0, 2**31 - 1)``; Python integers give the same values,
+so one request's continuation costs a few integer operations per token instead of a
+dozen tensor ops (tests hold this path against the model run through its own API,
+``golden_torch``). Every quantity is a function of the golden token sequence ``G``
+(prompt, then continuation) through its raw prefix hashes ``R[n]`` (the hash of
+``G[:n]``, the target's hidden state at position ``n - 1``):
+
+* target at context ``n``: ``sample(mix(R[n], n))``, the token ``G[n]``;
+* standalone draft at ``n``: the same hash over the draft KV (which holds ``G`` while
+  the drafts match), kept with the agreement probability, else another token;
+* EAGLE draft for position ``n``: the head at ``n - 2`` over pairs ``(G[p+1], R[p+1])``
+  (its chained hidden state equals the target's while the drafts match: the oracle's
+  hidden state extends exactly), so it depends on ``n`` alone;
+* frozen-KV MTP draft ``j`` of a round at committed length ``L``: chained from
+  ``R[L]`` and reading the target KV of positions ``0..L-1``, so it depends on ``L``.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from .oracle import SEEDED_PERCENT, M
+
+
+def mix(x: int, *ys: int) -> int:
+    for y in ys:
+        x = (x * 48271 + (y % M) * 69621 + 12345) % M
+        x ^= x >> 11
+    return x
+
+
+def term(tok: int, pos: int) -> int:
+    return (tok % M) * ((pos * 40503 + 17) % M + 1) % M
+
+
+class OracleRequest:
+    """One request's golden sequence under an oracle pair (``model``: its
+    ``OracleModel``, read for vocabulary, agreement and salt)."""
+
+    def __init__(self, model, prompt, seed: int, seeded: bool):
+        self.vocab, self.agreement, self.salt = model.vocab, model.agreement, model.salt
+        self.seed, self.seeded = seed, seeded
+        self.G: List[int] = []
+        self.R: List[int] = [0]          # R[n]: raw hash of G[:n]
+        self.E: List[int] = [0]          # E[n]: the EAGLE KV hash of pairs 0..n-1 (unreduced)
+        for t in prompt:
+            self._push(int(t))
+
+    def _push(self, tok: int) -> None:
+        n = len(self.G)
+        self.G.append(tok)
+        self.R.append((self.R[n] + term(tok, n)) % M)
+        if n >= 1:   # the pair at n - 1: (G[n], R[n])
+            self.E.append(self.E[n - 1] + term(tok, n - 1) + term(self.R[n], n + 2))
+
+    def _sample(self, h: int, pos: int) -> int:
+        greedy = mix(h, 1) % self.vocab
+        u = mix(h, self.seed, pos)
+        if self.seeded and u % 100 < SEEDED_PERCENT:
+            return (u >> 7) % self.vocab
+        return greedy
+
+    def _agree(self, like: int, u: int) -> int:
+        if mix(u, self.salt + 11) % 100 < self.agreement:
+            return like
+        return (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
+
+    # -- the sequence ----------------------------------------------------------------------
+    def extend(self, need: int) -> None:
+        """Continue ``G`` to ``need`` tokens with the target's own tokens."""
+        while len(self.G) < need:
+            n = len(self.G)
+            self._push(self._sample(mix(self.R[n], n), n))
+
+    # -- drafts, while they match ---------------------------------------------------------
+    def draft(self, kind: str, L: int, j: int) -> int:
+        """Draft ``j`` (1..k) of a round at committed length ``L`` (input ``G[L]``), its
+        earlier drafts matching ``G``; ``G`` must hold position ``L + j``."""
+        n = L + j
+        like = self.G[n]                       # the target's token there: the draft's "like"
+        if kind == "standalone":
+            h = mix(self.R[n], n)
+            if mix(h, self.seed, n, self.salt + 7) % 100 < self.agreement:
+                return like
+            return (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
+        if kind == "eagle":
+            return self._agree(like, mix(self.E[n - 1] % M, self.R[n], self.seed, n))
+        if kind == "mtp":
+            return self._agree(like, mix(self.R[L], self.R[n], self.seed, n))
+        raise ValueError(f"no golden draft for draft kind {kind!r}")
+
+    def accept_len(self, kind: str, k: int, L: int) -> int:
+        """The accept length of a verify at committed length ``L`` with ``k`` drafts."""
+        a = 1
+        while a <= k and self.draft(kind, L, a) == self.G[L + a]:
+            a += 1
+        return a
