@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..race import Detector, OpInfo, RaceReport
 from . import ACCESS_MODES
@@ -157,6 +157,7 @@ class Runtime:
         self.on_race = on_race
         self.streams: List[Stream] = []
         self._by_storage: Dict[int, Buffer] = {}
+        self._live: Dict[str, int] = {}     # buffers allocated and not yet freed, by name
         self._serial = 0
         self._events = 0
         self.syncs = 0           # host synchronizations so far
@@ -242,7 +243,12 @@ class Runtime:
             self.det.host_sync_all()
 
     # -- buffers ---------------------------------------------------------------------
+    def live_buffers(self) -> Tuple[Tuple[str, int], ...]:
+        """Buffers allocated through this runtime and not freed: (name, count), by name."""
+        return tuple(sorted((k, n) for k, n in self._live.items() if n))
+
     def _register(self, buf: Buffer) -> Buffer:
+        self._live[buf.name] = self._live.get(buf.name, 0) + 1
         self._by_storage[buf.t.untyped_storage().data_ptr()] = buf
         if self.det is not None:
             self.det.alloc(buf.mem, buf.name, buf.owner)
@@ -252,6 +258,7 @@ class Runtime:
         if buf.freed:
             raise ValueError(f"double free of buffer {buf.owner}")
         buf.freed = True
+        self._live[buf.name] -= 1
         if not keep_lookup:
             self._by_storage.pop(buf.t.untyped_storage().data_ptr(), None)
         if self.det is not None:

@@ -229,6 +229,10 @@ class Snapshot:
     host_free: int = 0
     host_pending: int = 0
     host_ledger: Tuple[Tuple[int, RequestId, str, Step], ...] = ()
+    # live runtime allocations by buffer name, now and before the engine's first step
+    # (the steady set); empty where the runtime does not count them
+    buffers: Tuple[Tuple[str, int], ...] = ()
+    steady_buffers: Tuple[Tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

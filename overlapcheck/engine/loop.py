@@ -54,6 +54,7 @@ class Engine:
         self.faults = FaultSet(cfg.faults)
         self.rank, self.collective = 0, None   # tensor parallel (tp.TPEngine sets them)
         self.overlapping = False               # this step's decision (begin_step)
+        self.steady_buffers = None             # runtime buffers held before the first step
 
     def _emit(self, ev: E.Event) -> None:
         if self.observer is not None:
@@ -94,6 +95,8 @@ class Engine:
         """Build and launch this step's batch (None: nothing to run) and decide whether
         the step overlaps. Tensor-parallel ranks all begin a step before any ends it."""
         it = self.iteration
+        if self.steady_buffers is None:   # every rank is built: the long-lived set
+            self.steady_buffers = self.rt.live_buffers()
         batch = self.sched.build(it, self.batches)
         if batch is not None:
             self.batches += 1
@@ -216,7 +219,11 @@ class Engine:
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
             page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
-            **self._host_pool())
+            **self._host_pool(), **self._buffers())
+
+    def _buffers(self) -> dict:
+        """Live runtime buffers and the steady set, for the runtime-memory checker."""
+        return {"buffers": self.rt.live_buffers(), "steady_buffers": self.steady_buffers or ()}
 
     def _host_pool(self) -> dict:
         """The KV backup's host-pool counts for the snapshot (empty without kv_backup)."""
