@@ -99,6 +99,7 @@ REGISTRY: Dict[str, str] = {
     # oracles that do not trust the engine (docs/design.md §9.3)
     "golden": "invariants.golden:Golden",
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",
+    "kv-backup": "invariants.kv_backup:KVBackup",
     "runtime-memory": "invariants.runtime_memory:RuntimeMemory",
     # the vLLM target's (their events come from overlapcheck.targets.vllm)
     "vllm-placeholders": "invariants.vllm_placeholders:VllmPlaceholders",

@@ -86,7 +86,7 @@ def test_every_checker_sees_its_events_on_a_clean_run():
     for kind in ("Arrived", "Allocated", "Freed", "PendingReleased", "Verified", "Canary",
                  "Finished", "Retracted", "RunEnd", "StepEnd"):
         assert count.seen.get(kind), f"no {kind} event on this workload: {count.seen}"
-    assert len(names_for("reference")) == 13
+    assert len(names_for("reference")) == 14
     from overlapcheck.engine import TPEngine
     ranks = Count()      # rank-agreement's events come from tensor-parallel runs
     mon = Monitor([ranks] + make_checkers(reference=run.result))

@@ -19,7 +19,15 @@ from .events import DIGEST_M
 from .kernels import N, RID, ROW, START
 
 C_LEN, C_BAD, C_SLOT, C_POS, C_TOK, C_KPOS, C_RID, C_DIGEST = range(8)
-CANARY = 8
+# with the KV backup, a decode's check of the host pool (``backup_check``): the span
+# backed up, differing positions, the first one and the tag the host pool held there
+BK_START, BK_END, BK_BAD, BK_POS, BK_TOK, BK_KPOS, BK_RID = range(8, 15)
+CANARY = 15
+
+
+def backup_fields(rec) -> tuple:
+    """The ``Canary.backup`` fields of a decode record that checked the KV backup."""
+    return tuple(rec[BK_START:CANARY])
 
 
 def tag_columns(model):

@@ -50,6 +50,11 @@ class EngineConfig:
       the pre-drafted round's draft KV (``engine/drafts_round.py``).
     * ``tp``: tensor-parallel ranks; every rank takes the same scheduling decisions and
       rank 0's results are the engine's (``engine.tp``).
+    * ``backup_canary``: with ``kv_backup`` and a model whose KV rows carry tags, each
+      decode's forward reads the host pool back over the positions backed up for its
+      request and compares it with the target KV, the verdict riding the KV canary record
+      (``engine/backup_check.py``). Off only in configs recorded before it existed, so
+      that their runs replay as they were.
     """
 
     page_size: int = 1
@@ -68,6 +73,7 @@ class EngineConfig:
     verify_sync: bool = False  # host waits for the verify to read seq_lens_sum (seed 001: off)
     kv_backup: bool = False    # back decode KV up to a host pool on its own stream (seed 003)
     zero_bubble: bool = False  # draft the next round after the draft-extend (seed 000)
+    backup_canary: bool = True  # with kv_backup: read the host pool back and compare it
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -79,7 +85,8 @@ class EngineConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
-        for name in ("overlap", "spec", "verify_sync", "kv_backup", "zero_bubble"):
+        for name in ("overlap", "spec", "verify_sync", "kv_backup", "zero_bubble",
+                     "backup_canary"):
             need(isinstance(getattr(self, name), bool),
                  f"{name} must be true or false, got {getattr(self, name)!r}")
         need(self.pool_tokens % self.page_size == 0,

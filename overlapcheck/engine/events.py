@@ -154,6 +154,10 @@ class Canary(Event):
     position: int
     found: Tuple[int, ...]
     digest: int
+    # with the KV backup, a decode's check of the host pool (``engine/backup_check.py``):
+    # (span start, span end, mismatching positions, first one, and the (token, position,
+    # request) the host pool held there); empty otherwise
+    backup: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

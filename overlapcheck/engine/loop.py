@@ -140,6 +140,8 @@ class Engine:
         it, bid = self.iteration, batch.bid
         toks, accs = self.worker.collect(batch)
         cans = self.worker.canary(batch) if self.observer is not None else None
+        # a decode's canary records carry the KV backup's check (backup_check)
+        backup = self.worker.backup_canary and batch.kind != PREFILL
         for i, (e, t, a) in enumerate(zip(batch.entries, toks, accs)):
             r = self.requests[e.rid]
             r.inflight.remove(bid)
@@ -160,7 +162,8 @@ class Engine:
                     r.accept_lens.append(a)             # fault: a dropped verify counted
                 self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
             if cans is not None:
-                self._emit(E.Canary(it, bid, r.rid, *_canary_fields(cans[i])))
+                self._emit(E.Canary(it, bid, r.rid, *_canary_fields(cans[i]),
+                                    backup=C.backup_fields(cans[i]) if backup else ()))
             if ended is not None:
                 self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:

@@ -22,6 +22,7 @@ from typing import List, Tuple
 
 import torch
 
+from . import backup_check as BK
 from . import canary as C
 from . import kernels as K
 from .buffers import DeviceState
@@ -48,6 +49,10 @@ class SpecWorker:
             cfg.verify_sync or self.faults.on("verify-sum-unwaited"))
         self._published = None   # (bid, parity, {rid: index}) of the newest publishing batch
         self.tags = C.tag_columns(model)   # KV canary on when the model tags its KV rows
+        # the KV backup's canary (backup_check): spans kept, host pool read back
+        self.backup_canary = self.backup and cfg.backup_canary and self.tags is not None
+        if self.backup_canary:
+            BK.allocate_spans(dev)
 
     # -- host staging ----------------------------------------------------------------------
     def _lens_sum(self, batch: Batch) -> int:
@@ -175,8 +180,15 @@ class SpecWorker:
                   reads=[dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows),
                          dev.host_table.rows(st.rows), meta, dev.lens, st.out_acc],
                   writes=[dev.host_kv.rows(st.batch.host_slots)])
+        ops = ["backup_kv"]
+        if self.backup_canary:
+            span = dev.backup_span.rows(st.rows)
+            rt.launch(dev.backup, BK.note_backup, dev.backup_span.t, meta.t, dev.lens.t,
+                      st.out_acc.t, b, name="note_backup",
+                      reads=[span, meta, dev.lens, st.out_acc], writes=[span])
+            ops.append("note_backup")
         dev.backup_done.record(dev.backup)
-        return ["backup_kv"]
+        return ops
 
     def _prefill(self, st: "_Step") -> List[str]:
         dev, rt, b = self.dev, self.dev.rt, len(st.batch.entries)
@@ -195,6 +207,11 @@ class SpecWorker:
                          dev.fm_len.rows(rows)],
                   writes=[st.out_tok, st.out_acc, dev.fm_tok.rows(rows), dev.fm_len.rows(rows)])
         ops = ["prefill", "prefill_sample"]
+        if self.backup_canary:
+            span = dev.backup_span.rows(rows)
+            rt.launch(dev.fwd, BK.reset_span, dev.backup_span.t, meta.t, b, name="reset_span",
+                      reads=[meta, span], writes=[span])
+            ops.append("reset_span")
         if self.drafter is not None:
             ops += self.drafter.launch_prefill(st, meta, b)
         ops += self._canary(st, meta, True)
@@ -271,7 +288,16 @@ class SpecWorker:
         rt.launch(dev.fwd, C.canary, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
                   st.out_can.t, self.tags, len(st.batch.entries), prefill, name="canary",
                   reads=reads + ([] if prefill else [dev.lens]), writes=[st.out_can])
-        return ["canary"]
+        if not self.backup_canary or prefill:
+            return ["canary"]
+        rows = st.rows
+        rt.launch(dev.fwd, BK.check_backup, dev.target_kv.t, dev.host_kv.t, dev.table.t,
+                  dev.host_table.t, dev.backup_span.t, meta.t, st.out_can.t, self.tags,
+                  len(st.batch.entries), name="check_backup",
+                  reads=reads + [dev.host_kv.rows(st.batch.host_slots | {0}),
+                                 dev.host_table.rows(rows), dev.backup_span.rows(rows)],
+                  writes=[st.out_can])
+        return ["canary", "check_backup"]
 
     # -- result ------------------------------------------------------------------------------
     def collect(self, batch: Batch) -> Tuple[List[List[int]], List[int]]:

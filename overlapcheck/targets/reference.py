@@ -57,6 +57,11 @@ class ReferenceTarget(Target):
         return dataclasses.replace(cfg, overlap=False, tp=1, zero_bubble=False,
                                    verify_sync=False, kv_backup=False, faults=())
 
+    def config_from_dict(self, d: dict):
+        """A recorded config; one written before the KV backup's canary existed (no
+        ``backup_canary`` field) ran without it, and replays so."""
+        return self.config_type(**{"backup_canary": False, **d})
+
     def faults(self) -> dict:
         from ..faults import FAULTS
         return FAULTS
