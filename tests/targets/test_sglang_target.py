@@ -14,6 +14,7 @@ from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 from overlapcheck.targets.sglang.config import from_dict
 
 CTX = dict(context=64, vocab=32)
+_STOPPER = (28, 16)     # its greedy continuation is 17, 2, 10, 9, 30, ... (the fake model)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -207,11 +208,12 @@ def test_abort_in_the_step_a_stop_lands_keeps_tokens_past_it(sglang):
     """A finding in unmodified SGLang 0.5.23 (not a fault). An abort that reaches the
     scheduler before the result of a verify whose accept run holds a stop token is
     processed makes ``update_finish_state`` finish the request as aborted before its
-    stop checks run: ``finished_len`` stays unset, and the tokens accepted after the
-    stop are kept and sent (here [17, 2, 10, 9] with stop id 10). The length cap had
-    the same leak, fixed by sgl-project/sglang#33758; the abort path still has it.
-    Without the abort the request finishes at its stop."""
-    wl = Workload((RequestSpec(0, 0, (28, 16), 20, (10,), 0, GREEDY),))
+    stop and length checks run: ``finished_len`` stays unset, and the tokens accepted
+    after the stop (or past max_new_tokens) are kept and sent (here [17, 2, 10, 9] with
+    stop id 10). The length-first order had the same leak, fixed by
+    sgl-project/sglang#33758; the abort path still has it. Without the abort the
+    request finishes at its stop."""
+    wl = Workload((RequestSpec(0, 0, _STOPPER, 20, (10,), 0, GREEDY),))
     for overlap, step in ((True, 2), (False, 1)):
         cfg = SglangConfig(overlap=overlap, spec_steps=2, agreement=100, **CTX)
         out, _ = _run(cfg, Workload(wl.requests, (AbortAt(0, step),)))
@@ -219,26 +221,34 @@ def test_abort_in_the_step_a_stop_lands_keeps_tokens_past_it(sglang):
         assert ("lifecycle", "stop-not-cut") in [f.key for f in out.findings]
         clean, _ = _run(cfg, wl)
         assert clean.result.requests[0].tokens == (17, 2, 10) and clean.findings == []
+    # the same abort path skips the length cap: 4 tokens kept of max_new_tokens 2
+    capped = Workload((RequestSpec(0, 0, _STOPPER, 2, (), 0, GREEDY),), (AbortAt(0, 2),))
+    out, _ = _run(SglangConfig(spec_steps=2, agreement=100, **CTX), capped)
+    assert out.result.requests[0].tokens == (17, 2, 10, 9)
+    assert ("lifecycle", "over-length") in [f.key for f in out.findings]
 
 
-_STOPPER = (28, 16)     # its greedy continuation is 17, 2, 10, 9, 30, ... (fake model)
 FAULT_CASES = [
-    # fault, its checker, config, the request that triggers it, a change that removes it
+    # fault, its checker, config, the requests that trigger it, a change that removes it
     ("overalloc-leak", "kv-accounting", SglangConfig(spec_steps=2, **CTX),
-     RequestSpec(0, 0, _STOPPER, 12, (), 0, GREEDY), {"spec_steps": 0}),
+     (RequestSpec(0, 0, _STOPPER, 12, (), 0, GREEDY),), {"spec_steps": 0}),
     ("delayed-token-double-free", "kv-accounting", SglangConfig(**CTX),
-     RequestSpec(0, 0, _STOPPER, 12, (10,), 0, GREEDY), {"overlap": False}),
+     (RequestSpec(0, 0, _STOPPER, 12, (10,), 0, GREEDY),), {"overlap": False}),
     ("length-before-stop", "lifecycle", SglangConfig(spec_steps=3, agreement=100, **CTX),
-     RequestSpec(0, 0, _STOPPER, 4, (10,), 0, GREEDY), {"spec_steps": 0}),
+     (RequestSpec(0, 0, _STOPPER, 4, (10,), 0, GREEDY),), {"spec_steps": 0}),
+    # the first request leaves the decode batch while the second stays
+    ("spec-relay-prefix-filter", "sglang-golden", SglangConfig(spec_steps=2, overlap=False, **CTX),
+     (RequestSpec(0, 0, _STOPPER, 3, (), 0, GREEDY), RequestSpec(1, 0, (5, 6, 7), 12, (), 0, GREEDY)),
+     {"overlap": True}),
 ]
 
 
-@pytest.mark.parametrize("fault,checker,cfg,req,untrigger", FAULT_CASES)
-def test_fault_caught_by_its_checker_silent_without_trigger(sglang, fault, checker, cfg, req,
+@pytest.mark.parametrize("fault,checker,cfg,reqs,untrigger", FAULT_CASES)
+def test_fault_caught_by_its_checker_silent_without_trigger(sglang, fault, checker, cfg, reqs,
                                                             untrigger):
     from overlapcheck.targets.sglang import faults as F
     _, _, orig, _ = F.patched_function(F.FAULTS[fault])
-    wl = Workload((req,))
+    wl = Workload(reqs)
     clean, _ = _run(cfg, wl)
     assert clean.findings == []
     out, _ = _run(cfg, wl, faults=(fault,))
@@ -247,6 +257,11 @@ def test_fault_caught_by_its_checker_silent_without_trigger(sglang, fault, check
     assert F._resolve(F.FAULTS[fault].target)[3] is orig
     quiet, _ = _run(replace(cfg, **untrigger), wl, faults=(fault,))
     assert quiet.findings == [], quiet.findings
+
+
+def test_every_fault_has_a_case():
+    from overlapcheck.targets.sglang.faults import FAULTS
+    assert sorted(FAULTS) == sorted(c[0] for c in FAULT_CASES)
 
 
 def test_close_is_idempotent_and_restores_the_config_faults(sglang):

@@ -69,18 +69,25 @@ _register(Fault(
         "                # NOTE: This (req.finished() or req.is_retracted) should only happen when overlap scheduling is enabled.\n"
         "                # And all the over-allocated tokens will be freed in `release_kv_cache`.\n"
         "                continue\n",
-        "                if req.finished():\n"
+        "                if req.finished() and batch.spec_algorithm.is_none():\n"
         "                    # pre-#12224: free the one delayed token of the lagged batch here\n"
-        "                    self.token_to_kv_pool_allocator.free(batch.out_cache_loc[i : i + 1])\n"
+        "                    # (spec decode had no overlap loop then: no branch for it)\n"
+        "                    page_size = self.token_to_kv_pool_allocator.page_size\n"
+        "                    if page_size == 1 or (\n"
+        "                        len(req.origin_input_ids) + len(req.output_ids) - 1\n"
+        "                    ) % page_size == 0:\n"
+        "                        self.token_to_kv_pool_allocator.free(batch.out_cache_loc[i : i + 1])\n"
         "                continue\n"),),
-    trigger="overlap loop, no spec, page size 1, a request finishing by a stop token "
-            "(it rides the already launched batch)",
+    trigger="overlap loop, no spec, a request finishing by a stop token (it rides the "
+            "already launched batch); at page size > 1 only when that batch's token opened "
+            "a page",
     description=(
         "Before #12224 ('unify memory management across (overlap, non-overlap) x (page>=1) "
         "x (retract, finished)') the overlap branch of decode result processing freed the "
-        "slot the lagged batch had allocated for a request that had already finished, while "
-        "the finish path freed the request's whole range too: that slot is freed twice. "
-        "The fix made release_kv_cache, driven by kv_allocated_len, the only release."),
+        "slot the lagged batch had allocated for a request that had already finished (at "
+        "page size > 1, the page when that slot opened one), while the finish path freed "
+        "the request's whole range too: that slot is freed twice. The fix made "
+        "release_kv_cache, driven by kv_allocated_len, the only release."),
 ))
 
 _register(Fault(
@@ -104,6 +111,26 @@ _register(Fault(
         "as 'length' with finished_len at the cap, so tokens accepted after the stop leaked "
         "into the output. #33758 runs the stop checks first and caps a stop found beyond "
         "the budget at the limit."),
+))
+
+
+_register(Fault(
+    name="spec-relay-prefix-filter",
+    pr="sgl-project/sglang#14368 (fix proposed in #14536; same class: #18647)",
+    checker="sglang-golden",
+    target="sglang.srt.speculative.eagle_info:EagleDraftInput.filter_batch",
+    edits=tuple((f"        self.{f} = self.{f}[new_indices]\n",
+                 f"        self.{f} = self.{f}[: len(new_indices)]\n")
+                for f in ("topk_p", "topk_index", "bonus_tokens")),
+    trigger="spec decode in the normal loop (the overlap loop relays by request row): a "
+            "request leaves a decode batch while one after it stays",
+    description=(
+        "EagleDraftInput.filter_batch kept the first len(new_indices) rows of the draft "
+        "input instead of the rows of the requests that stay (the has_been_filtered path "
+        "#14368 reports: 'length of new_indices != length of topk_p', misaligned spec_info). "
+        "When a request other than the last leaves the batch (it finished, was aborted or "
+        "retracted), the requests after it verify from another request's bonus token: "
+        "their drafts and tokens are not their own continuation."),
 ))
 
 
