@@ -353,3 +353,34 @@ def test_case_strategy_draws_valid_cases_that_run(sglang):
     drawn()
     runs()
     assert len(seen) == 12 and sum(seen) > 0
+
+
+def test_observer_survives_a_slot_handed_to_two_requests():
+    """A double free lets SGLang hand one slot to two requests; the adapter reports it
+    (kv-accounting sees both allocations) and keeps reading, whichever leaves first."""
+    from types import SimpleNamespace as NS
+
+    import torch
+    from overlapcheck.targets.sglang.observe import Observer
+
+    table = torch.zeros((3, 8), dtype=torch.int64)
+    alloc = NS(size=8, free_pages=torch.tensor([], dtype=torch.int64),
+               release_pages=torch.tensor([], dtype=torch.int64))
+    pool = NS(req_to_token=table, size=3, free_slots=[2], available_size=lambda: 1)
+    obs, events = Observer(NS(token_to_kv_pool_allocator=alloc, req_to_token_pool=pool), 1,
+                           lambda e: events.append(e)), []
+
+    def req(row, n):
+        return NS(kv=NS(req_pool_idx=row, kv_allocated_len=n, kv_committed_len=n))
+
+    table[0, :3] = torch.tensor([1, 2, 5])
+    table[1, :2] = torch.tensor([5, 6])
+    a, b = req(0, 3), req(1, 2)
+    obs.memory(0, -1, {0: a, 1: b}, {0: 1, 1: 1}, {})
+    alloc.free_pages = torch.tensor([1, 2, 5])          # request 0 leaves first
+    obs.memory(1, -1, {1: b}, {0: 1, 1: 1}, {0: "finish"})
+    alloc.free_pages = torch.tensor([1, 2, 5, 6])
+    obs.memory(2, -1, {}, {0: 1, 1: 1}, {1: "finish"})
+    freed = [(e.rid, e.slots) for e in events if isinstance(e, E.Freed)]
+    assert freed == [(0, (1, 2, 5)), (1, (5, 6))]
+    assert obs.owner == {}

@@ -97,7 +97,10 @@ class Observer:
                 self.emit(E.Freed(it, batch, rid, tuple(back), reasons.get(rid, "release"),
                                   False, None))
                 for s in back:
-                    del self.owner[s]
+                    # a slot SGLang handed to two requests at once (a double free let it)
+                    # stays with the other one
+                    if self.owner.get(s, (None,))[0] == rid:
+                        del self.owner[s]
                     self.by_rid[rid].discard(s)
         # rows
         for rid, req in live.items():
