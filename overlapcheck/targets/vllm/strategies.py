@@ -27,15 +27,18 @@ VOCAB = 32
 
 
 @st.composite
-def vllm_config(draw) -> VllmTargetConfig:
-    scheduler = draw(st.sampled_from(("async", "sync")))
-    batch_queue = draw(st.integers(1, 3)) if scheduler == "async" else 1
+def vllm_config(draw, pressure: bool = False) -> VllmTargetConfig:
+    """``pressure``: a pool of little more than one full request and at least two running
+    slots, so that decodes run out of blocks and preempt."""
+    # async is what deployments run; a queue of 2 is its default, 3 is pipeline parallel
+    scheduler = draw(st.sampled_from(("async", "async", "async", "sync")))
+    batch_queue = draw(st.sampled_from((1, 2, 2, 3))) if scheduler == "async" else 1
     block_size = draw(st.sampled_from((1, 2, 4, 8)))
     spec = draw(st.integers(0, 4))
     max_model_len = draw(st.integers(spec + 16, 64))
     one = -(-max_model_len // block_size)               # blocks of one full request
-    num_blocks = 1 + one + draw(st.integers(0, 2 * one))
-    seqs = draw(st.integers(1, 6))
+    spare = draw(st.integers(0, max(1, one // 4)) if pressure else st.integers(0, 2 * one))
+    seqs = draw(st.integers(2, 6) if pressure else st.integers(1, 6))
     chunk = draw(st.sampled_from((0, 0, 4, 8, 16)))
     if 0 < chunk <= spec:
         # vLLM 0.33.0 pads a one-token admission to 1 + spec tokens for a uniform decode
@@ -44,7 +47,7 @@ def vllm_config(draw) -> VllmTargetConfig:
         # the padded width would make every campaign report that known bug first
         chunk = spec + 1
     return VllmTargetConfig(
-        scheduler=scheduler, batch_queue=batch_queue, num_blocks=num_blocks,
+        scheduler=scheduler, batch_queue=batch_queue, num_blocks=1 + one + spare,
         block_size=block_size, max_num_seqs=seqs,
         max_num_batched_tokens=seqs * max(spec + 1, chunk) + draw(st.integers(0, 64)),
         long_prefill_token_threshold=chunk, max_model_len=max_model_len, spec_tokens=spec,
@@ -53,17 +56,23 @@ def vllm_config(draw) -> VllmTargetConfig:
 
 
 @st.composite
-def vllm_workload(draw, cfg: VllmTargetConfig) -> Workload:
+def vllm_workload(draw, cfg: VllmTargetConfig, pressure: bool = False,
+                  stops: bool = True) -> Workload:
+    """``pressure``: requests arrive close together and run long; ``stops``: requests
+    may carry stop ids (which end them early)."""
     room = cfg.max_context
     n = draw(st.integers(1, 8))
     reqs, aborts, step = [], [], 0
     for rid in range(n):
-        step += draw(st.integers(0, 3))
+        step += draw(st.integers(0, 1) if pressure else st.integers(0, 3))
         plen = draw(st.integers(1, max(1, room // 2)))
         prompt = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), min_size=plen,
                                      max_size=plen)))
-        max_new = draw(st.integers(1, room - plen))
-        stop = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), max_size=2, unique=True)))
+        longest = room - plen
+        max_new = draw(st.integers(max(1, longest // 2), longest) if pressure
+                       else st.integers(1, longest))
+        stop = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), max_size=2, unique=True))
+                     ) if stops else ()
         sampling = draw(st.sampled_from((GREEDY, SEEDED)))
         reqs.append(RequestSpec(rid, step, prompt, max_new, stop,
                                 draw(st.integers(0, 2 ** 31 - 1)), sampling))
@@ -85,6 +94,9 @@ def vllm_stalls(draw) -> Tuple[Tuple[str, int, int], ...]:
 def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = ()) -> Case:
     """A whole case: config, workload and stalls; ``checks`` (empty: all) and ``faults``
     are the campaign's."""
-    cfg = draw(vllm_config())
-    return Case(cfg, draw(vllm_workload(cfg)), ScheduleSpec("stalls", 0, draw(vllm_stalls())),
-                tuple(checks), tuple(faults), "vllm")
+    # swarm features first: each example stresses its own mixture
+    pressure, stops = draw(st.booleans()), draw(st.booleans())
+    cfg = draw(vllm_config(pressure))
+    return Case(cfg, draw(vllm_workload(cfg, pressure, stops)),
+                ScheduleSpec("stalls", 0, draw(vllm_stalls())), tuple(checks), tuple(faults),
+                "vllm")
