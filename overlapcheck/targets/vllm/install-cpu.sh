@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Install the vLLM target's engine into the current Python environment, CPU only:
-# vllm 0.33.0 without its dependencies (they pull a CUDA torch), its light dependencies,
-# all under the constraint file that pins the CPU torch. Usage (from the repository root):
+# vllm 0.33.0 without its dependencies (they pull a CUDA torch), then its light
+# dependencies (requirements-cpu.txt), all under the shared constraint file that pins the
+# CPU torch. xgrammar (vllm pins 0.2.8) goes without its own dependencies: they add
+# triton, 1 GB that a CPU run never imports; the rest it needs is in requirements-cpu.txt.
+# Usage, from the repository root, in the environment overlapcheck is installed in:
 #   bash overlapcheck/targets/vllm/install-cpu.sh [PYTHON]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 py="${1:-python}"
 c="$here/../constraints-cpu.txt"
 "$py" -m pip install -c "$c" torch==2.13.0
-"$py" -m pip install -c "$c" --no-deps vllm==0.33.0
-# the light deps take only the torch pin: the shared file also holds SGLang's pins
-# (openai==2.8.0, xgrammar==0.2.7), which vllm 0.33.0 cannot use (openai>=2.25, xgrammar==0.2.8)
-t="$(mktemp)"; trap 'rm -f "$t"' EXIT
-grep -E '^torch==' "$c" > "$t"
-"$py" -m pip install -c "$t" -r "$here/requirements-cpu.txt"
+"$py" -m pip install -c "$c" --no-deps vllm==0.33.0 xgrammar==0.2.8
+"$py" -m pip install -c "$c" -r "$here/requirements-cpu.txt"
