@@ -74,7 +74,7 @@ def test_missing_sglang_is_target_unavailable(monkeypatch):
     monkeypatch.setattr(metadata, "version", fake)
     with pytest.raises(TargetUnavailable) as e:
         SglangTarget().version()
-    assert "pip install" in str(e.value) and "\n" not in str(e.value)
+    assert "install-cpu.sh" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("kw,match", [({"device": "cuda"}, "device 'cuda'"),

@@ -30,8 +30,8 @@ from typing import Dict, Iterator, List
 
 PACKAGE = "sglang"
 PINNED = "0.5.23"
-INSTALL = ("pip install -c overlapcheck/targets/constraints-cpu.txt "
-           "--no-deps sglang==0.5.23 (then its light deps: see the README's target section)")
+INSTALL = ("bash overlapcheck/targets/sglang/install-cpu.sh (sglang==0.5.23 and the "
+           "packages its scheduler imports, beside the CPU torch)")
 
 # Set inside the target before SGLang is imported (it reads most of them at import).
 ENV: Dict[str, str] = {
