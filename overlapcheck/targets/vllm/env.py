@@ -35,8 +35,8 @@ from types import SimpleNamespace
 from ..base import TargetUnavailable
 
 PINNED = "0.33.0"
-INSTALL = ("bash overlapcheck/targets/vllm/install-cpu.sh  (pip install --no-deps vllm==0.33.0 "
-           "beside CPU torch, with overlapcheck/targets/constraints-cpu.txt)")
+INSTALL = ("bash overlapcheck/targets/vllm/install-cpu.sh (from the repository root: vllm==0.33.0 "
+           "without its dependencies beside the CPU torch; docs/targets.md)")
 
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
