@@ -19,8 +19,13 @@ bound is reported here too. Only verifies whose context and kept tokens are the
 golden ones are judged: once a request's tokens leave its continuation (``golden``
 reports that), its later accept lengths are not predictable and are skipped.
 
+Parity first, as for golden: with parity's reference in the context, a request's
+verifies from the first whose accept length (with ``parity_accept``) or tokens differ
+from the reference's are parity's finding; this checker judges what both runs share.
+
 Context: ``model_golden`` and ``engine_config`` (``spec``, ``spec_steps``,
-``draft_kind``); without them the checker is idle.
+``draft_kind``); without them the checker is idle; ``reference`` and ``parity_accept``
+(parity's) when given.
 """
 from __future__ import annotations
 
@@ -37,10 +42,13 @@ class AcceptOracle(Checker):
     name = "accept-oracle"
     targets = ("reference",)
 
-    def __init__(self, model_golden=None, engine_config=None, **context) -> None:
+    def __init__(self, model_golden=None, engine_config=None, reference=None,
+                 parity_accept: bool = True, **context) -> None:
         super().__init__()
         cfg = engine_config
         self.golden = model_golden if cfg is not None else None
+        self.ref = reference.requests if reference is not None else None
+        self.ref_accept = parity_accept
         self.k = cfg.spec_steps if cfg is not None and cfg.spec else 0
         self.kind = getattr(cfg, "draft_kind", "")
         self.specs: Dict[int, object] = {}
@@ -81,11 +89,30 @@ class AcceptOracle(Checker):
             out += self._check(rid)
         return out
 
+    def _shared(self, rid: int, out: List[int], verifies: list, P: int) -> list:
+        """The verifies judged here: those before the request leaves parity's reference."""
+        ref = self.ref.get(rid) if self.ref is not None else None
+        if ref is None:
+            return verifies
+        split = next((i for i in range(min(len(out), len(ref.tokens)))
+                      if out[i] != ref.tokens[i]), len(out))
+        if ref.finish_reason != "abort":
+            split = min(split, len(ref.tokens))
+        keep = []
+        for v in verifies:
+            index, L, got, n = v[:4]
+            if L + n - P >= split or (self.ref_accept and index < len(ref.accept_lens)
+                                      and ref.accept_lens[index] != got):
+                break
+            keep.append(v)
+        return keep
+
     def _check(self, rid: int) -> List[Violation]:
         spec = self.specs.pop(rid, None)
         out, verifies = self.out.pop(rid, []), self.verifies.pop(rid, [])
         if spec is None or not verifies:
             return []
+        verifies = self._shared(rid, out, verifies, len(spec.prompt))
         if not self.k:
             want = [1] * len(verifies)
         else:

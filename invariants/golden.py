@@ -14,9 +14,15 @@ time, no paging, batching, overlap or speculation. Batch invariance makes it bit
   at ``min(max_new_tokens, max_context - prompt)`` tokens (and a request keeps no token
   past that end, finished or not).
 
+Parity first: when parity's reference run is in the context too, a request's tokens
+from the first one that differs from the reference's, and an end unlike the
+reference's, are parity's finding (one bug, one report); this checker judges what the
+two runs share — exactly the bugs parity cannot see. Without a reference it judges
+everything.
+
 Context: ``model_golden`` (a ``Golden``) and ``engine_config`` (for ``max_context``);
-without them the checker is idle. Violations name the request, the position, the
-continuation's token and the engine's.
+without them the checker is idle; ``reference`` (parity's) when given. Violations name
+the request, the position, the continuation's token and the engine's.
 """
 from __future__ import annotations
 
@@ -33,9 +39,11 @@ class Golden(Checker):
     name = "golden"
     targets = ("reference",)    # the reference engine's models have a golden reference
 
-    def __init__(self, model_golden=None, engine_config=None, **context) -> None:
+    def __init__(self, model_golden=None, engine_config=None, reference=None,
+                 **context) -> None:
         super().__init__()
         self.golden = model_golden if engine_config is not None else None
+        self.ref = reference.requests if reference is not None else None
         self.max_context = getattr(engine_config, "max_context", 0)
         self.specs: Dict[int, object] = {}
         self.out: Dict[int, List[int]] = {}
@@ -92,9 +100,10 @@ class Golden(Checker):
             return []
         prompt, P = tuple(spec.prompt), len(spec.prompt)
         seeded = spec.sampling == SEEDED
+        shared, ends = self._shared(rid, tokens, reason)
         seq = self.golden.sequence(prompt, spec.seed, seeded, P + len(tokens),
                                    prompt + tuple(tokens))
-        for i, tok in enumerate(tokens):
+        for i, tok in enumerate(tokens[:shared]):
             if P + i >= len(seq):
                 break
             if tok != seq[P + i]:
@@ -103,6 +112,8 @@ class Golden(Checker):
                 return self._v(step, batch, rid, "token", f"output token {i} is not the "
                                f"model's continuation", f"token {seq[P + i]} (the model after "
                                f"the prompt and {i} output tokens)", f"token {tok}", position=i)
+        if not ends:
+            return []
         limit = min(spec.max_new_tokens, self.max_context - P)
         stops = [i for i, t in enumerate(tokens) if t in spec.stop_ids]
         end = min(stops[0] + 1 if stops else limit, limit)
@@ -115,6 +126,22 @@ class Golden(Checker):
             if len(tokens) < end or want != reason:
                 return self._early(step, batch, rid, spec, tokens, reason, limit)
         return []
+
+    def _shared(self, rid: int, tokens: List[int], reason: Optional[str]):
+        """(leading tokens judged here, whether the end is): the rest is parity's."""
+        ref = self.ref.get(rid) if self.ref is not None else None
+        if ref is None:
+            return len(tokens), True
+        ref_toks = ref.tokens
+        for i in range(min(len(tokens), len(ref_toks))):
+            if tokens[i] != ref_toks[i]:
+                return i, False
+        if ref.finish_reason == "abort":
+            return len(tokens), True
+        if len(tokens) > len(ref_toks):
+            return len(ref_toks), False
+        return len(tokens), reason is None or (reason, len(tokens)) == (ref.finish_reason,
+                                                                         len(ref_toks))
 
     @staticmethod
     def _end(spec, kept, n: int) -> str:

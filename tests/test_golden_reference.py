@@ -134,3 +134,30 @@ def test_accept_oracle_names_the_verify_and_both_lengths():
     # a verify whose kept tokens left the continuation is golden's, not judged here
     off = evs[:2] + [E.Verified(2, 1, 0, 0, 1, ((g[1] + 1) % 64,), False)]
     assert _feed("accept-oracle", off) == []
+
+
+def test_parity_first_the_oracles_judge_what_both_runs_share():
+    """With parity's reference in the context, a difference from the reference is
+    parity's finding; a wrong token or accept length both runs share is the oracles'."""
+    from overlapcheck.engine.results import RequestResult, RunResult
+    g = list(_gold(6))
+    bad = (g[2] + 1) % 64
+    toks = (g[0], g[1], bad)
+    evs = [E.Arrived(0, -1, 0, SPEC), E.Prefilled(1, 0, 0, g[0], False),
+           E.Verified(2, 1, 0, 0, 2, (g[1], bad), False), E.Aborted(3, 1, 0, toks)]
+    ctx = dict(model_golden=shared(CFG.model, CFG.row_width), engine_config=CFG)
+
+    def feed(name, ref):
+        (chk,) = make_checkers([name], reference=RunResult({0: ref}, None), **ctx)
+        return [v for ev in evs for v in chk.feed(ev)] + chk.finish()
+
+    same = RequestResult(0, toks, "abort", (2,), 0)            # the reference shares the bug
+    other = RequestResult(0, tuple(g[:3]), "abort", (2,), 0)   # the reference does not
+    assert [v.site for v in feed("golden", same)] == [("token",)]
+    assert feed("golden", other) == []
+    want = shared(CFG.model, CFG.row_width).accept_lens(SPEC.prompt, 0, False, "standalone", 3,
+                                                        [4])[0]
+    got = want % 4 + 1
+    evs = evs[:2] + [E.Verified(2, 1, 0, 0, got, tuple(g[1:got + 1]), False)]
+    assert len(feed("accept-oracle", RequestResult(0, tuple(g[:got + 1]), "abort", (got,), 0))) == 1
+    assert feed("accept-oracle", RequestResult(0, tuple(g[:want + 1]), "abort", (want,), 0)) == []
