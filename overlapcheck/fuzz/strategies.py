@@ -1,9 +1,12 @@
 """Hypothesis strategies for fuzz cases, swarm style.
 
 Each example first draws its *features* (aborts on or off, stop tokens, seeded
-sampling, a tight pool that forces retraction, overlap, spec, tensor-parallel ranks)
-and then a config, a workload and a schedule under them, so different examples stress
-different mixtures. The schedule is part of the drawn data: by default explicit stalls of
+sampling, a tight pool that forces retraction, overlap, spec, tensor-parallel ranks,
+the wide search) and then a config, a workload and a schedule under them, so different
+examples stress different mixtures. A quarter of the examples search wide: up to 8
+draft tokens, pages up to 16 tokens, pools from barely fitting one row to 16 rows,
+each seed variant in half of them (every combination the engine accepts); the others
+keep the narrow ranges, where most bugs need the fewest steps. The schedule is part of the drawn data: by default explicit stalls of
 named streams over choice points (the empty list is the eager schedule), so that
 shrinking minimizes the workload *and* the schedule together; sometimes a seeded
 random, PCT or BUGGIFY strategy for breadth.
@@ -37,6 +40,7 @@ class Features:
     spec: bool
     tp: int = 1       # logical ranks: 2 in a quarter of the examples
     burst: bool = False   # arrivals close together: more requests than rows, rows reused at once
+    wide: bool = False    # the wide search: k up to 8, pages up to 16, roomy pools, variants
 
 
 @st.composite
@@ -45,30 +49,33 @@ def features(draw) -> Features:
     return Features(aborts=draw(b), stops=draw(b), seeded=draw(b), tight_pool=draw(b),
                     overlap=draw(st.sampled_from((True, True, True, False))),
                     spec=draw(st.sampled_from((True, True, True, False))),
-                    tp=draw(st.sampled_from((1, 1, 1, 2))), burst=draw(b))
+                    tp=draw(st.sampled_from((1, 1, 1, 2))), burst=draw(b),
+                    wide=draw(st.sampled_from((False, False, False, True))))
 
 
 @st.composite
 def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
             draft_kinds: Optional[Sequence[str]] = None) -> EngineConfig:
-    page = draw(st.sampled_from((1, 1, 2, 4)))
-    k = draw(st.integers(1, 4))
+    wide = feat.wide
+    page = draw(st.sampled_from((1, 2, 4, 8, 16) if wide else (1, 1, 2, 4)))
+    k = draw(st.integers(1, 8 if wide else 4))
     margin = 2 * (k + 1)
     ctx = draw(st.integers(8, 40))
     row = -(-(margin + ctx) // page) * page
-    rows = draw(st.integers(1, 2)) if feat.tight_pool else draw(st.integers(3, 8))
+    # pools from one row and the padding page (barely fits) to 8 rows, or 16 when wide
+    rows = draw(st.integers(1, 2)) if feat.tight_pool else draw(st.integers(3, 16 if wide else 8))
     pool = page + row * rows + page * draw(st.integers(0, 3))
+    # the seeds' variants, each in a quarter of the examples (half when wide)
+    variant = st.sampled_from((False, True) if wide else (False, False, False, True))
     return EngineConfig(
         page_size=page, pool_tokens=pool, row_width=row,
-        max_running=draw(st.integers(1, 6)), chunk_size=draw(st.integers(2, 32)),
+        max_running=draw(st.integers(1, 8 if wide else 6)),
+        chunk_size=draw(st.integers(1, 48) if wide else st.integers(2, 32)),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_model(models)),
-        # the seeds' variants, each in a quarter of the examples
-        verify_sync=draw(st.sampled_from((False, False, False, True))),
-        kv_backup=draw(st.sampled_from((False, False, False, True))),
-        zero_bubble=draw(st.sampled_from((False, False, False, True))))
+        verify_sync=draw(variant), kv_backup=draw(variant), zero_bubble=draw(variant))
 
 
 @st.composite
