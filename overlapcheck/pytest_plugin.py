@@ -9,7 +9,13 @@
   race detector over the test's own ``torch.cuda`` code (options through the
   ``overlapcheck_watch`` marker: ``device``, ``mode``);
 * markers ``gpu`` (skipped without CUDA) and ``nightly`` (long runs);
-* options ``--overlapcheck-device``, ``--overlapcheck-seed``, ``--overlapcheck-repro-dir``.
+* options ``--overlapcheck-device``, ``--overlapcheck-seed``, ``--overlapcheck-repro-dir``;
+  ``--overlapcheck-fault NAME`` (the fuzz properties, ``overlapcheck/fuzz/properties.py``);
+  ``--overlapcheck-db DIR|redis://HOST:PORT[/N]``: the example database of the
+  ``overlapcheck_fuzz`` fixture and, through a settings profile built on the current
+  one (``overlapcheck-db``, loaded at session start only when the option is given), of
+  every Hypothesis test and HypoFuzz; a Redis server is shared by a fleet,
+  multiplexed with a local folder (``overlapcheck/fuzz/db.py``).
 
 The plugin is installed wherever overlapcheck is, so it costs nothing where it is not
 used: it imports neither Hypothesis nor torch nor the engine until a fixture runs, and
@@ -37,6 +43,12 @@ def pytest_addoption(parser):
                 help="seed for overlapcheck fixtures (default 0)")
     g.addoption("--overlapcheck-repro-dir", default=".overlapcheck/repros",
                 help="where overlapcheck fixtures write repros of findings")
+    g.addoption("--overlapcheck-fault", action="append", default=[], metavar="NAME",
+                help="turn a bug-zoo fault on in the fuzz properties (repeatable)")
+    g.addoption("--overlapcheck-db", action="append", default=[],
+                metavar="DIR|redis://HOST:PORT[/N]",
+                help="Hypothesis example database for overlapcheck_fuzz and every Hypothesis "
+                     "test: a folder and/or a Redis server shared by a fleet")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -51,6 +63,32 @@ def pytest_configure(config):
         wanted = None
     if wanted and str(wanted).startswith(PREFIX):
         register()          # before Hypothesis' plugin loads the profile
+
+
+_DB = pytest.StashKey()    # the database --overlapcheck-db opened
+
+
+def pytest_sessionstart(session):
+    specs = session.config.getoption("--overlapcheck-db", default=None)
+    if specs:
+        session.config.stash[_DB] = _load_db_profile(specs)
+
+
+def _load_db_profile(specs):
+    """Open the database ``--overlapcheck-db`` names and load a profile that is the
+    current one with that database (pytest's one-line usage error when it cannot)."""
+    import sys
+    from hypothesis import settings
+    from .fuzz.db import SharedDatabaseError, open_database, split_specs
+    try:
+        db = open_database(*split_specs(specs),
+                           say=lambda line: print(f"overlapcheck: {line}", file=sys.__stderr__,
+                                                  flush=True))
+    except (ValueError, SharedDatabaseError) as e:
+        raise pytest.UsageError(f"--overlapcheck-db: {e}") from None
+    settings.register_profile("overlapcheck-db", parent=settings.default, database=db)
+    settings.load_profile("overlapcheck-db")
+    return db
 
 
 def pytest_collection_modifyitems(config, items):
@@ -112,7 +150,8 @@ def overlapcheck_fuzz(request):
         from .fuzz.strategies import cases
         last = {}
 
-        @settings(max_examples=examples, deadline=None, database=None,
+        @settings(max_examples=examples, deadline=None,
+                  database=request.config.stash.get(_DB, None),
                   suppress_health_check=list(HealthCheck))
         @hseed(seed)
         @given(cases(checks, config=config))
@@ -122,6 +161,8 @@ def overlapcheck_fuzz(request):
                 last["x"] = (case, out, out.findings[0])
                 raise AssertionError(out.findings[0].text)
 
+        # one database key per test (the body is the same for every test)
+        prop.hypothesis.inner_test._hypothesis_internal_add_digest = request.node.nodeid.encode()
         try:
             prop()
         except AssertionError:

@@ -11,9 +11,17 @@ The time budget is a promise: generation stops at ``seconds`` and shrinking at
 ``seconds + shrink_seconds`` (default: no more than the budget), after which the
 smallest failing case found so far is written; the summary says which findings were
 cut short. Without a time budget, ``shrink_seconds`` caps shrinking per finding.
+
+With an example database (``db``: a folder; ``shared_db``: a Redis address shared by a
+fleet, ``fuzz/db.py``), the campaign's first Hypothesis run replays the failing
+examples saved under its key before it generates any; later runs do not replay (their
+known findings no longer fail, and Hypothesis would delete them as fixed). The key is
+the campaign's strategy (target, device, models, draft kinds, checkers, faults), so
+campaigns of other strategies sharing a database leave each other's examples alone.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import sys
@@ -23,10 +31,10 @@ from typing import Callable, Dict, Optional, Sequence
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from .. import seeds, targets
 from ..run import Finding, execute
+from .db import open_database
 
 
 @dataclass
@@ -47,6 +55,8 @@ class Options:
     # on shrinking one finding (None: Hypothesis' own)
     shrink_seconds: Optional[float] = None
     progress: Optional[Callable[[str], None]] = None
+    shared_db: Optional[str] = None   # redis://HOST:PORT[/N], multiplexed with ``db``
+    on_finding: Optional[Callable[["Found"], None]] = None   # each finding, once recorded
 
 
 @dataclass
@@ -96,7 +106,9 @@ class Campaign:
         self.found: Dict[tuple, Found] = {}
         self._exc: Dict[tuple, type] = {}
         self._last_progress = time.monotonic()
-        self.db = DirectoryBasedExampleDatabase(opts.db) if opts.db else None
+        self.db = open_database(opts.db, opts.shared_db, say=self._say)
+        self.db_key = database_key(opts)
+        self.replayed = 0      # saved examples the first run replayed
         self.strategy = case_strategy(opts)
         self.engine_version = targets.get(opts.target).version()
         self.device_options = {"device": opts.device}
@@ -126,6 +138,10 @@ class Campaign:
             self.opts.progress(f"[{s.seconds:6.1f}s] examples {s.examples}, steps {s.steps} "
                                f"({rate:.0f} steps/s), findings {len(self.found)}")
 
+    def _say(self, line: str) -> None:
+        if self.opts.progress is not None:
+            self.opts.progress(line)
+
     def _exception_for(self, key: tuple) -> type:
         # A distinct exception type per site: Hypothesis shrinks each bug on its own.
         exc = self._exc.get(key)
@@ -134,16 +150,17 @@ class Campaign:
         return exc
 
     # -- one Hypothesis run ----------------------------------------------------------------
-    def _run_once(self, run_seed: int) -> None:
+    def _run_once(self, run_seed: int, replay: bool = True) -> None:
         o = self.opts
         last: Dict[tuple, tuple] = {}
         failing: list = []
         cut: list = []
+        phases = (Phase.explicit,) + ((Phase.reuse,) if replay else ()) + (Phase.generate,
+                                                                           Phase.shrink)
 
         @settings(max_examples=o.batch, deadline=None, database=self.db, derandomize=False,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
-                  phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                  print_blob=False)
+                  phases=phases, print_blob=False)
         @hseed(run_seed)
         @given(self.strategy)
         def prop(case):
@@ -168,6 +185,7 @@ class Campaign:
                     last[f.key] = (case, out, f) + first[3:]
                 raise self._exception_for(fresh[0].key)(fresh[0].text)
 
+        prop._hypothesis_internal_database_key = self.db_key
         try:
             prop()
         except _TimeUp:
@@ -183,28 +201,28 @@ class Campaign:
                 cut: bool = False) -> None:
         path = None
         if self.opts.out:
-            from ..repro.format import Repro, current_commit, save
-            from ..repro.trace import write_trace
-            os.makedirs(self.opts.out, exist_ok=True)
-            path = os.path.join(self.opts.out, f"{f.ident}.yaml")
-            from ..device import device_info
-            replayable = device_info(self.opts.device).replayable
-            rep = Repro(case, out.choices if replayable else None, f, out.digest,
-                        self.opts.device, out.steps, current_commit(),
-                        engine_version=self.engine_version,
-                        note="shrinking cut short by the time box" if cut else "")
-            save(rep, path)
-            write_trace(out, os.path.join(self.opts.out, f"{f.ident}.trace.json"))
+            path = write_repro(self.opts.out, case, out, f, self.opts.device, self.engine_version,
+                               note="shrinking cut short by the time box" if cut else "")
         self.found[f.key] = Found(f, path, n, secs, out.steps, len(case.workload.requests), steps,
                                   cut)
         if self.opts.progress is not None:
             self.opts.progress(f"finding {f.ident} after {n} examples ({secs:.1f}s): "
                                f"{f.text.splitlines()[0]}" + (f" -> {path}" if path else ""))
+        if self.opts.on_finding is not None:
+            self.opts.on_finding(self.found[f.key])
+
+    def _count_saved(self) -> None:
+        if self.db is not None:
+            self.replayed = sum(1 for _ in self.db.fetch(self.db_key))
+            if self.replayed:
+                self._say(f"database: {self.replayed} saved example(s) of this campaign's "
+                          f"strategy, replayed before generating")
 
     def run(self) -> "Campaign":
         i = 0
+        self._count_saved()
         while not self._spent():
-            self._run_once(seeds.derive(self.opts.seed, "campaign", i) % (2 ** 32))
+            self._run_once(seeds.derive(self.opts.seed, "campaign", i) % (2 ** 32), replay=i == 0)
             self.stats.runs += 1
             i += 1
         self._progress(force=True)
@@ -217,14 +235,44 @@ class Campaign:
                 "steps": s.steps, "seconds": round(s.seconds, 2),
                 "steps_per_second": round(s.steps / s.seconds, 1) if s.seconds else 0.0,
                 "hypothesis_runs": s.runs, "shrink_runs": s.shrink_runs,
-                "findings": [{"id": x.finding.ident, "checker": x.finding.checker,
-                              "site": list(x.finding.site), "step": x.finding.step,
-                              "repro": x.repro, "examples_before": x.examples_before,
-                              "seconds_before": round(x.seconds_before, 2),
-                              "steps_before": x.steps_before,
-                              "repro_steps": x.steps, "repro_requests": x.requests,
-                              "shrink_cut": x.shrink_cut, "text": x.finding.text}
-                             for x in self.found.values()]}
+                "replayed": self.replayed,
+                "findings": [finding_summary(x) for x in self.found.values()]}
+
+
+def finding_summary(x: Found) -> dict:
+    """A finding as the campaign's summary lists it."""
+    return {"id": x.finding.ident, "checker": x.finding.checker,
+            "site": list(x.finding.site), "step": x.finding.step,
+            "repro": x.repro, "examples_before": x.examples_before,
+            "seconds_before": round(x.seconds_before, 2),
+            "steps_before": x.steps_before,
+            "repro_steps": x.steps, "repro_requests": x.requests,
+            "shrink_cut": x.shrink_cut, "text": x.finding.text}
+
+
+def write_repro(folder: str, case, out, f: Finding, device: str, engine_version: str,
+                note: str = "") -> str:
+    """Write the repro of finding ``f`` of the run ``out`` of ``case`` and its trace under
+    ``folder`` (``<checker>-<hash of site>.yaml``, ``.trace.json``); the repro's path."""
+    from ..device import device_info
+    from ..repro.format import Repro, current_commit, save
+    from ..repro.trace import write_trace
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{f.ident}.yaml")
+    replayable = device_info(device).replayable
+    save(Repro(case, out.choices if replayable else None, f, out.digest, device, out.steps,
+               current_commit(), engine_version=engine_version, note=note), path)
+    write_trace(out, os.path.join(folder, f"{f.ident}.trace.json"))
+    return path
+
+
+def database_key(opts: Options) -> bytes:
+    """The example-database key of a campaign's strategy: campaigns that draw the same
+    cases share their saved examples, others do not see them."""
+    parts = tuple(None if v is None else tuple(sorted(v)) for v in (
+        opts.models, opts.draft_kinds, opts.checks, opts.faults))
+    parts = (opts.target, opts.device) + parts
+    return hashlib.sha384(repr(("overlapcheck-campaign",) + parts).encode()).digest()
 
 
 def stderr_progress(line: str) -> None:

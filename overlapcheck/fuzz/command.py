@@ -4,8 +4,10 @@ With no flags: a one-minute campaign of the reference engine on the simulated de
 with the oracle model, every checker on, repros written under
 ``overlapcheck-findings/``. ``--target vllm`` or ``--target sglang`` fuzzes that
 engine's real scheduler instead. ``--time T`` ends by T seconds plus start-up, shrinking
-included (``--shrink-time`` gives shrinking more). Exit 0 when nothing was found, 1
-when something was, 2 on a usage error.
+included (``--shrink-time`` gives shrinking more). ``--db`` keeps the Hypothesis
+example database in a folder and/or on a Redis server a fleet shares
+(``redis://HOST:PORT[/N]``). Exit 0 when nothing was found, 1 when something was, 2
+on a usage error.
 """
 from __future__ import annotations
 
@@ -39,11 +41,14 @@ def register(sub) -> None:
                    help="with --time: seconds shrinking may run past the budget (default 0: "
                         "the smallest failing case found by then is kept); with --examples: "
                         "a cap on shrinking one finding (default: none)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="processes (default 1)")
     p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
                    help="where repros and traces go (default overlapcheck-findings)")
-    p.add_argument("--db", default=None, metavar="DIR",
-                   help="Hypothesis example database folder (default: none)")
+    p.add_argument("--db", action="append", default=None, metavar="DIR|redis://HOST:PORT[/N]",
+                   help="Hypothesis example database: a folder, a Redis server shared by a "
+                        "fleet (multiplexed with a local folder, .overlapcheck/hypothesis-db "
+                        "unless a folder is given too), or both (default: none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -68,8 +73,15 @@ def _options(args):
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     if args.shrink_time is not None and args.shrink_time <= 0:
         raise UsageError(f"--shrink-time must be positive, got {args.shrink_time}")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    from .db import split_specs
+    try:
+        db, shared_db = split_specs(args.db)
+    except ValueError as e:
+        raise UsageError(f"--db: {e}") from None
+    if shared_db:
+        _check_shared_db(shared_db)
     try:
         device_info(args.device)
     except ValueError as e:
@@ -104,7 +116,7 @@ def _options(args):
     return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
                    target=args.target, models=(args.model,) if args.model else None,
                    draft_kinds=kinds, checks=checks, faults=faults,
-                   out=args.out, db=args.db, shrink_seconds=args.shrink_time)
+                   out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db)
 
 
 def _check_faults(faults, target: str = "reference") -> None:
@@ -121,12 +133,22 @@ def run(args) -> int:
     from .campaign import stderr_progress
     from .jobs import run_jobs
     opts.progress = None if args.json else stderr_progress
-    summary = run_jobs(opts, args.jobs)
+    summary = run_jobs(opts, args.jobs or 1)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         _print_summary(summary)
     return 1 if summary["findings"] else 0
+
+
+def _check_shared_db(url: str) -> None:
+    """An unreachable shared database is a usage error (one line), before any work."""
+    from ..errors import UsageError
+    from .db import SharedDatabaseError, connect_redis
+    try:
+        connect_redis(url).close()
+    except SharedDatabaseError as e:
+        raise UsageError(f"--db: {e}") from None
 
 
 def _print_summary(s: dict) -> None:

@@ -40,15 +40,28 @@ def run_jobs(opts: Options, jobs: int) -> dict:
         s["jobs"] = 1
         return s
     verbose = opts.progress is not None
-    base = dataclasses.replace(opts, progress=None)
-    per = []
-    for j in range(jobs):
-        o = dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
-                                examples=None if opts.examples is None else -(-opts.examples // jobs),
-                                db=None if opts.db is None else f"{opts.db}/job{j}")
-        per.append((o, j, verbose))
+    per = [(o, j, verbose) for j, o in enumerate(job_options(opts, jobs))]
     with mp.get_context("spawn").Pool(jobs) as pool:
         parts = pool.map(_job_entry, per)
+    return merge(opts, parts, time.monotonic() - t0, jobs)
+
+
+def job_options(opts: Options, jobs: int) -> list:
+    """The options of each of ``jobs`` independent campaigns (processes, Ray slices):
+    sub-seeds, the example budget split, a local database folder each (a shared one
+    stays shared)."""
+    from .db import DEFAULT_LOCAL
+    base = dataclasses.replace(opts, progress=None, on_finding=None)
+    local = opts.db or (DEFAULT_LOCAL if opts.shared_db else None)
+    return [dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
+                                examples=None if opts.examples is None else -(-opts.examples // jobs),
+                                db=None if local is None else f"{local}/job{j}")
+            for j in range(jobs)]
+
+
+def merge(opts: Options, parts: list, secs: float, jobs: int) -> dict:
+    """One summary from the jobs' summaries: findings deduplicated by id (the earliest
+    kept), figures added up, rates over the wall time ``secs``."""
     merged, seen = [], {}
     for part in parts:
         for f in part["findings"]:
@@ -56,11 +69,11 @@ def run_jobs(opts: Options, jobs: int) -> dict:
             if old is None or f["seconds_before"] < old["seconds_before"]:
                 seen[f["id"]] = f
     merged = sorted(seen.values(), key=lambda f: f["seconds_before"])
-    secs = time.monotonic() - t0
     steps = sum(p["steps"] for p in parts)
     return {"seed": opts.seed, "device": opts.device, "target": opts.target,
-            "engine_version": parts[0]["engine_version"], "jobs": jobs,
+            "engine_version": parts[0]["engine_version"] if parts else "", "jobs": jobs,
             "examples": sum(p["examples"] for p in parts), "steps": steps,
             "seconds": round(secs, 2), "steps_per_second": round(steps / secs, 1) if secs else 0.0,
             "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts),
-            "shrink_runs": sum(p["shrink_runs"] for p in parts), "findings": merged}
+            "shrink_runs": sum(p["shrink_runs"] for p in parts),
+            "replayed": sum(p.get("replayed", 0) for p in parts), "findings": merged}
