@@ -6,8 +6,9 @@ with the oracle model, every checker on, repros written under
 engine's real scheduler instead. ``--time T`` ends by T seconds plus start-up, shrinking
 included (``--shrink-time`` gives shrinking more). ``--db`` keeps the Hypothesis
 example database in a folder and/or on a Redis server a fleet shares
-(``redis://HOST:PORT[/N]``). Exit 0 when nothing was found, 1 when something was, 2
-on a usage error.
+(``redis://HOST:PORT[/N]``); ``--ray ADDRESS`` runs the campaign's slices on a Ray
+cluster (``docs/fleet.md``). Exit 0 when nothing was found, 1 when something was (or a
+Ray slice was lost), 2 on a usage error.
 """
 from __future__ import annotations
 
@@ -42,13 +43,16 @@ def register(sub) -> None:
                         "the smallest failing case found by then is kept); with --examples: "
                         "a cap on shrinking one finding (default: none)")
     p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                   help="processes (default 1)")
+                   help="processes (default 1); with --ray, slices (default: the cluster's CPUs)")
     p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
                    help="where repros and traces go (default overlapcheck-findings)")
     p.add_argument("--db", action="append", default=None, metavar="DIR|redis://HOST:PORT[/N]",
                    help="Hypothesis example database: a folder, a Redis server shared by a "
                         "fleet (multiplexed with a local folder, .overlapcheck/hypothesis-db "
                         "unless a folder is given too), or both (default: none)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run the campaign's slices on a Ray cluster: HOST:PORT, ray://HOST:PORT, "
+                        "auto (the running cluster), or local:N (a local cluster of N workers)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -133,12 +137,16 @@ def run(args) -> int:
     from .campaign import stderr_progress
     from .jobs import run_jobs
     opts.progress = None if args.json else stderr_progress
-    summary = run_jobs(opts, args.jobs or 1)
+    if args.ray is not None:
+        from .ray_jobs import run_ray
+        summary = run_ray(opts, args.ray, args.jobs)
+    else:
+        summary = run_jobs(opts, args.jobs or 1)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         _print_summary(summary)
-    return 1 if summary["findings"] else 0
+    return 1 if summary["findings"] or summary.get("lost") else 0
 
 
 def _check_shared_db(url: str) -> None:
@@ -162,6 +170,12 @@ def _print_summary(s: dict) -> None:
         print(f"    found after {f['examples_before']} examples ({f['seconds_before']:.1f} s); "
               f"minimized to {f['repro_requests']} request(s), {f['repro_steps']} steps"
               + (" (shrinking cut short by the time box)" if f.get("shrink_cut") else ""))
+    for sl in s.get("ray", {}).get("slices", ()):
+        if sl["attempts"] > 1:
+            print(f"  rerun: slice {sl['slice']} (its worker was lost; ran on "
+                  f"{', '.join(sl['hosts'])})")
+    for lost in s.get("lost", ()):
+        print(f"  lost: slice {lost['slice']} ({lost['why']})")
     if s["findings"] and s["findings"][0].get("repro"):
         print(f"replay one with: overlapcheck replay {s['findings'][0]['repro']}")
     sys.stdout.flush()
