@@ -9,7 +9,10 @@ recorded as a finding with what reproduces it (command, seed, stderr tail, the r
 files it had already written) and the campaign goes on with the next seed.
 
 Output folder: ``summary.json`` (rewritten after each campaign), ``hypothesis-db/``
-(the example database every campaign shares), ``repros/<campaign>/`` (YAML repros and
+(the example database every campaign shares; with ``--shared-db redis://HOST:PORT[/N]``,
+or ``OVERLAPCHECK_SHARED_DB`` set, multiplexed with a Redis server the whole fleet
+shares, so each night replays what any machine found: ``docs/fleet.md``),
+``repros/<campaign>/`` (YAML repros and
 Perfetto traces), ``logs/<campaign>.{stdout,stderr}``, ``sanitizer/`` (log, repros).
 Exit 0: nothing found; 1: findings, crashes or sanitizer errors; 2: usage error.
 
@@ -64,6 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="turn a bug-zoo fault on in every campaign (a canary that the job finds it)")
     p.add_argument("--jobs", type=int, default=1, help="fuzz processes per campaign (default 1)")
+    p.add_argument("--shared-db", default=os.environ.get("OVERLAPCHECK_SHARED_DB") or None,
+                   metavar="redis://HOST:PORT[/N]",
+                   help="a Redis example database shared with the fleet, beside the local one "
+                        "(default: $OVERLAPCHECK_SHARED_DB, else none)")
     p.add_argument("--sanitizer", default="compute-sanitizer",
                    help="compute-sanitizer executable (default: on PATH or /usr/local/cuda/bin)")
     p.add_argument("--no-sanitizer", action="store_true", help="skip the memcheck pass")
@@ -93,6 +100,12 @@ def parse_args(argv=None):
     if a.seed is None:
         a.seed = int(datetime.date.today().strftime("%Y%m%d"))
     a.worker = shlex.split(a.worker_cmd) if a.worker_cmd else [sys.executable, "-m", "overlapcheck"]
+    if a.shared_db:
+        from overlapcheck.fuzz.db import SharedDatabaseError, connect_redis
+        try:
+            connect_redis(a.shared_db).close()
+        except SharedDatabaseError as e:
+            p.error(f"--shared-db: {e}")
     if not a.worker:
         p.error("--worker-cmd is empty")
     return a
@@ -170,6 +183,8 @@ def campaign(a, i: int, model: str, seconds: float, out: str) -> dict:
     cmd = a.worker + ["fuzz", "--device", a.device, "--time", f"{seconds:g}", "--seed", str(seed),
                       "--model", model, "--jobs", str(a.jobs), "--out", repros,
                       "--db", os.path.join(out, "hypothesis-db"), "--json"]
+    if a.shared_db:
+        cmd[-1:-1] = ["--db", a.shared_db]
     shrink = a.shrink_seconds or max(10.0, seconds / 4)
     cmd += ["--shrink-time", f"{shrink:g}"] + [x for f in a.fault for x in ("--fault", f)]
     grace = a.grace if a.grace is not None else max(60.0, seconds)
@@ -178,7 +193,10 @@ def campaign(a, i: int, model: str, seconds: float, out: str) -> dict:
     status, sig = describe_exit(rc)
     if rc in (0, 1) and not isinstance(summary, dict):
         status = "crash"      # an uncaught exception also exits 1, without a summary
-    rec = {"name": name, "command": shlex.join(cmd), "seed": seed, "model": model,
+    shown = shlex.join(cmd)
+    if a.shared_db:
+        shown = shown.replace(a.shared_db, _without_password(a.shared_db))
+    rec = {"name": name, "command": shown, "seed": seed, "model": model,
            "time_box_s": seconds, "exit_code": rc, "signal": sig, "status": status,
            "wall_s": wall, "examples": None, "steps": None, "findings": [],
            "logs": {k: os.path.relpath(v, out) for k, v in logs.items()}}
@@ -239,6 +257,16 @@ def write_summary(out: str, doc: dict) -> None:
     os.replace(tmp, os.path.join(out, "summary.json"))
 
 
+def _without_password(url):
+    """A database address fit for the summary (no credentials)."""
+    if not url:
+        return None
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()
+
+
 def preflight_cuda() -> None:
     code = "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 3)"
     if subprocess.run([sys.executable, "-c", code]).returncode != 0:
@@ -258,6 +286,7 @@ def main(argv=None) -> int:
     reserve = min(a.sanitizer_seconds, max(60.0, 0.35 * total)) if sanitize else 0.0
     per = a.campaign_seconds or min(600.0, max(30.0, (total - reserve) / len(a.models)))
     doc = {"schema": 1, "device": a.device, "seed": a.seed, "models": a.models, "faults": a.fault,
+           "shared_db": _without_password(a.shared_db),
            "budget_minutes": a.minutes, "argv": sys.argv[1:] if argv is None else list(argv),
            "started": datetime.datetime.now().isoformat(timespec="seconds"),
            "campaigns": [], "sanitizer": None, "totals": {}}
