@@ -37,23 +37,6 @@ MemId = Hashable
 EventId = Hashable
 
 
-def _overlap(a: Rows, b: Rows) -> Rows:
-    if a is None:
-        return b if b is not None else None
-    if b is None:
-        return a
-    both = a & b
-    return both if both else frozenset()
-
-
-def _subset(a: Rows, b: Rows) -> bool:
-    if b is None:
-        return True
-    if a is None:
-        return False
-    return a <= b
-
-
 _HIST = 8  # ownership changes remembered per memory unit and per row
 
 
@@ -130,8 +113,15 @@ class Detector:
     def enqueue(self, stream: CtxId) -> Clock:
         """The host enqueues work on ``stream``; returns the clock that work runs
         under (a snapshot)."""
-        join_into(self.clocks[stream], self._release(HOST))
-        return list(self.clocks[stream])
+        host = self.clocks[HOST]
+        dst = self.clocks[stream]
+        if len(dst) < len(host):
+            dst.extend([0] * (len(host) - len(dst)))
+        for i, v in enumerate(host):     # join the host's clock (before its bump)
+            if v > dst[i]:
+                dst[i] = v
+        host[HOST] += 1
+        return list(dst)
 
     def record(self, stream: CtxId, event: EventId) -> None:
         self.events[event] = self._release(stream)
@@ -207,25 +197,37 @@ class Detector:
         m = self.mem[mem]
         if clock is None:
             clock = list(self.clocks[ctx])
-        epoch = get(clock, ctx)
-        cur = Access(ctx, self.ctx_names[ctx], epoch, clock, write, rows,
-                     m.owner_of(rows, get(clock, HOST)), op)
+        n = len(clock)
+        epoch = clock[ctx] if ctx < n else 0
+        # the owner is named only when a report needs it (``_report``)
+        cur = Access(ctx, self.ctx_names[ctx], epoch, clock, write, rows, None, op)
+        fence = m.fence
+        nf = len(fence)
         found: Optional[RaceReport] = None
         keep: List[Access] = []
         for prev in m.records:
-            both = _overlap(prev.rows, rows)
-            if both is not None and not both:
-                keep.append(prev)
-                continue
-            before = (prev.ctx == ctx or get(clock, prev.ctx) >= prev.epoch
-                      or get(m.fence, prev.ctx) >= prev.epoch)
-            after = not before and get(prev.clock, ctx) >= epoch
-            if (write or prev.write) and not before and not after:
-                if found is None or prev.epoch >= found.previous.epoch:
-                    found = self._report(m, both, cur, prev)
+            prows = prev.rows
+            if prows is None:
+                both = rows
+            elif rows is None:
+                both = prows
+            else:
+                both = prows & rows
+                if not both:
+                    keep.append(prev)
+                    continue
+            pctx, pep = prev.ctx, prev.epoch
+            before = (pctx == ctx or (clock[pctx] if pctx < n else 0) >= pep
+                      or (fence[pctx] if pctx < nf else 0) >= pep)
+            if not before and (write or prev.write):
+                pc = prev.clock
+                if (pc[ctx] if ctx < len(pc) else 0) < epoch:     # nor after: a race
+                    if found is None or pep >= found.previous.epoch:
+                        found = self._report(m, both, cur, prev)
             # A record ordered before this access, covered by it, and no longer able
             # to race on its own (a write covers anything; a read covers reads).
-            if before and _subset(prev.rows, rows) and (write or not prev.write):
+            if (before and (rows is None or (prows is not None and prows <= rows))
+                    and (write or not prev.write)):
                 continue
             keep.append(prev)
         keep.append(cur)

@@ -32,8 +32,11 @@ class OpInfo:
     is_copy: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Access:
+    """One access as the detector records it. ``owner`` is filled in when a report
+    names the access (the owner at the time the host issued it, ``Detector._report``)."""
+
     ctx: CtxId
     ctx_name: str
     epoch: Epoch
