@@ -26,10 +26,15 @@ import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from torch import Tensor as _Tensor
+
 from ..race import Detector, OpInfo, RaceReport
 from . import ACCESS_MODES
-from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, as_region
+from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, Region, as_region
 from .infer import AccessSet, InferMode
+
+
+_EMPTY: frozenset = frozenset()
 
 
 class AnnotationError(Exception):
@@ -65,29 +70,45 @@ _PKG_DIRS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
     __file__, sys.modules["overlapcheck.race"].__file__))
 
 
+_USER_FILES: Dict[str, Optional[str]] = {}   # file name -> its base name, None: ours or torch's
+
+
+def _user_file(fn: str) -> Optional[str]:
+    base = _USER_FILES.get(fn, 0)
+    if base == 0:
+        ours = fn.startswith(_PKG_DIRS) or "torch" + os.sep in fn
+        base = _USER_FILES[fn] = None if ours else os.path.basename(fn)
+    return base
+
+
 def user_frame(depth: int = 2) -> str:
     """``file:line`` of the innermost frame outside the device runtime and the
     detector (the user's call site)."""
     f = sys._getframe(depth)
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS) and "torch" + os.sep not in fn:
-            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        base = _user_file(f.f_code.co_filename)
+        if base is not None:
+            return f"{base}:{f.f_lineno}"
         f = f.f_back
     return "?"
 
 
 class Stream:
-    __slots__ = ("rt", "name", "ctx", "raw")
+    __slots__ = ("rt", "name", "ctx", "raw", "_joins")
 
     def __init__(self, rt: "Runtime", name: str, ctx: int, raw=None):
         self.rt, self.name, self.ctx, self.raw = rt, name, ctx, raw
+        self._joins: Dict[int, "Event"] = {}   # other stream's ctx -> the event wait_stream uses
 
     def wait_event(self, event: "Event") -> None:
         self.rt._wait_event(self, event)
 
     def wait_stream(self, other: "Stream") -> None:
-        ev = self.rt.new_event(f"{self.name}<-{other.name}")
+        """A record on ``other`` and a wait for it. One event per pair of streams serves
+        every call: a wait binds to the record just made, whatever comes later."""
+        ev = self._joins.get(other.ctx)
+        if ev is None:
+            ev = self._joins[other.ctx] = self.rt.new_event(f"{self.name}<-{other.name}")
         ev.record(other)
         self.wait_event(ev)
 
@@ -163,6 +184,10 @@ class Runtime:
         self.syncs = 0           # host synchronizations so far
         self.launches = 0
         self.choices: List[int] = []   # recorded scheduling decisions (replayable backends)
+        self._infos: Dict[tuple, OpInfo] = {}   # (name, frame, copy) -> its OpInfo, shared
+        # run kernels' host twins where nothing intercepts (CPU backends; tests turn it off)
+        self.host_twins = self.cpu_work
+        self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
 
     # -- reports ---------------------------------------------------------------------
     @property
@@ -181,8 +206,14 @@ class Runtime:
         """The detector clock of an op the host queues on ``stream`` now."""
         return self.det.enqueue(stream.ctx) if self.det is not None else None
 
-    def _info(self, name: str, is_copy: bool = False) -> OpInfo:
-        return OpInfo(name, user_frame(3) if self.det is not None else "?", is_copy=is_copy)
+    def _info(self, name: str, is_copy: bool = False, depth: int = 3) -> OpInfo:
+        """The op's ``OpInfo`` (its user frame only with the detector on); equal ones are
+        one shared object (they are immutable)."""
+        key = (name, user_frame(depth) if self.det is not None else "?", is_copy)
+        info = self._infos.get(key)
+        if info is None:
+            info = self._infos[key] = OpInfo(*key)
+        return info
 
     # -- streams and events ----------------------------------------------------------
     def new_stream(self, name: str) -> Stream:
@@ -289,8 +320,12 @@ class Runtime:
         self._point()
         self.launches += 1
         info = self._info(name or getattr(fn, "__name__", "kernel"))
-        declared = self._declared(reads, writes) if self.det is not None else None
-        self._raw_launch(stream, fn, args, kwargs, info, declared, self._clock(stream))
+        det = self.det
+        if det is None:
+            self._raw_launch(stream, fn, args, kwargs, info, None, None)
+        else:
+            declared = self._declared(reads, writes)
+            self._raw_launch(stream, fn, args, kwargs, info, declared, det.enqueue(stream.ctx))
 
     def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
              name: Optional[str] = None) -> None:
@@ -302,7 +337,7 @@ class Runtime:
             raise ValueError("copy between two host buffers: use host_write")
         host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
         blocking = host is not None and not (non_blocking and host.space == PINNED)
-        info = self._info(name or f"copy {src.name}->{dst.name}", is_copy=True)
+        info = self._info(name or f"copy {src.name}->{dst.name}", True)
         if src.mem == dst.mem:
             table = {src.mem: [src, None, None]}
         else:
@@ -319,7 +354,7 @@ class Runtime:
         """A blocking device-to-host read of ``buf`` in ``stream`` order."""
         check_space(buf, (DEVICE,), "to_host")
         self._point()
-        info = self._info(f"to_host {buf.name}", is_copy=True)
+        info = self._info(f"to_host {buf.name}", True)
         out = self._raw_to_host(buf, stream, info, {buf.mem: [buf, None, frozenset()]},
                                 self._clock(stream))
         self.syncs += 1
@@ -342,15 +377,28 @@ class Runtime:
     # -- access feeding --------------------------------------------------------------
     @staticmethod
     def _declared(reads, writes):
+        """The declaration as a table: memory id -> [buffer, rows read, rows written]
+        (None: all rows; an empty set: none)."""
         if reads is None and writes is None:
             return None
         table: Dict[object, list] = {}
-        for write, items in ((False, reads or ()), (True, writes or ())):
+        for i, items in ((1, reads), (2, writes)):
+            if not items:
+                continue
             for x in items:
-                reg = as_region(x)
-                ent = table.setdefault(reg.buffer.mem, [reg.buffer, frozenset(), frozenset()])
-                i = 2 if write else 1
-                ent[i] = None if (ent[i] is None or reg.rows is None) else ent[i] | reg.rows
+                if type(x) is Region:
+                    buf, rows = x.buffer, x.rows
+                elif type(x) is Buffer:
+                    buf, rows = x, None
+                else:
+                    reg = as_region(x)
+                    buf, rows = reg.buffer, reg.rows
+                ent = table.get(buf.mem)
+                if ent is None:
+                    ent = table[buf.mem] = [buf, _EMPTY, _EMPTY]
+                cur = ent[i]
+                if cur is not None:
+                    ent[i] = None if rows is None else (cur | rows if cur else rows)
         return table
 
     def _check_declared(self, acc: AccessSet, declared: dict, name: str) -> None:
@@ -377,7 +425,8 @@ class Runtime:
 
     def _feed(self, ctx: int, clock, op: OpInfo, acc: Optional[AccessSet],
               declared: Optional[dict]) -> None:
-        det = self.det
+        access = self.det.access
+        raising = self.on_race == "raise"
         if acc is not None:
             items = []
             for buf, r, w in acc.items():
@@ -388,19 +437,47 @@ class Runtime:
                     w = _narrow(w, dw)
                 items.append((buf, r, w))
         else:
-            items = [(buf, r, w) for buf, r, w in declared.values()]
+            items = declared.values()
         for buf, r, w in items:
             if r is None or r:
-                self._raise_on(det.access(ctx, buf.mem, False, r, op, clock))
+                rep = access(ctx, buf.mem, False, r, op, clock)
+                if rep is not None and raising:
+                    raise RaceError(rep)
             if w is None or w:
-                self._raise_on(det.access(ctx, buf.mem, True, w, op, clock))
+                rep = access(ctx, buf.mem, True, w, op, clock)
+                if rep is not None and raising:
+                    raise RaceError(rep)
+
+    def _call(self, fn, args, kwargs):
+        """Run device work that nothing intercepts: on a backend whose work is CPU tensor
+        ops (``cpu_work``), a kernel's host twin where it has one (``fn.host_twin``: the
+        same function on numpy views of its tensors, see ``engine/kernels_host.py``);
+        a twin that cannot run, or fails, leaves the work to the kernel itself."""
+        twin = getattr(fn, "host_twin", None) if self.host_twins else None
+        if twin is not None:
+            try:
+                return twin(*[self._host_array(a) if isinstance(a, _Tensor) else a
+                              for a in args], **kwargs)
+            except Exception:  # noqa: BLE001 - the kernel reports it where it happens
+                pass
+        return fn(*args, **kwargs)
+
+    def _host_array(self, t):
+        """A numpy view of CPU tensor ``t`` (cached: long-lived buffers come back at
+        every launch; the cache keeps ``t`` alive, so its id stays its own)."""
+        hit = self._arrays.get(id(t))
+        if hit is None:
+            if len(self._arrays) >= 512:
+                self._arrays.clear()
+            hit = self._arrays[id(t)] = (t, t.numpy())
+        return hit[1]
 
     def _run_closure(self, fn, args, kwargs, declared, ctx: int, clock, op: OpInfo):
         """Run ``fn`` (with interception when needed) and feed its accesses."""
         if self.det is None:
-            return fn(*args, **kwargs)
+            return self._call(fn, args, kwargs)
         if declared is not None and self.access == "declared":
-            out = fn(*args, **kwargs)
+            out = self._call(fn, args, kwargs)
             self._feed(ctx, clock, op, None, declared)
             return out
         mode = InferMode(self._by_storage, self.exact_rows)
@@ -437,8 +514,7 @@ class Runtime:
 
     def _host_access(self, buf: Buffer, write: bool, rows, name: str) -> None:
         if self.det is not None:
-            op = OpInfo(name, user_frame(4))
-            self._raise_on(self.det.access(0, buf.mem, write, rows, op))
+            self._raise_on(self.det.access(0, buf.mem, write, rows, self._info(name, False, 5)))
 
     def graph_cache(self):
         """A ``device.graphs.GraphCache`` over the device buffers that exist now (the

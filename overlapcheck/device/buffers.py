@@ -1,7 +1,6 @@
 """Buffers, regions and poison values shared by both device backends."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Optional
 
 import torch
@@ -59,18 +58,32 @@ class Buffer:
         return f"{self.name}#{self.serial}"
 
     def rows(self, rows: Iterable[int]) -> "Region":
-        return Region(self, frozenset(int(r) for r in rows))
+        if type(rows) is not frozenset:    # a frozenset is taken as it is (it holds ints)
+            rows = frozenset(int(r) for r in rows)
+        return Region(self, rows)
 
     def __repr__(self) -> str:
         return f"Buffer({self.owner}, {self.space}, {tuple(self.t.shape) if self.t is not None else None})"
 
 
-@dataclass(frozen=True)
 class Region:
-    """A buffer narrowed to rows of its first dimension (``rows=None``: all of it)."""
+    """A buffer narrowed to rows of its first dimension (``rows=None``: all of it).
+    Immutable by contract (made once per declared access, so kept light)."""
 
-    buffer: Buffer
-    rows: Optional[FrozenSet[int]] = None
+    __slots__ = ("buffer", "rows")
+
+    def __init__(self, buffer: Buffer, rows: Optional[FrozenSet[int]] = None):
+        self.buffer, self.rows = buffer, rows
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Region) and self.buffer is other.buffer
+                and self.rows == other.rows)
+
+    def __hash__(self) -> int:
+        return hash((id(self.buffer), self.rows))
+
+    def __repr__(self) -> str:
+        return f"Region(buffer={self.buffer!r}, rows={self.rows!r})"
 
 
 def as_region(x) -> Region:

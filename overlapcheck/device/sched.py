@@ -32,6 +32,12 @@ class Strategy:
     def choose(self, n: int, ready: Sequence[str], forced: bool) -> int:
         raise NotImplementedError
 
+    def eager(self) -> bool:
+        """True when, until the next choice point, every decision would take the first
+        ready stream (``choose`` returns 1, or 0 when forced): the sim then takes those
+        decisions without asking (the same decisions, recorded the same way)."""
+        return False
+
     def describe(self) -> dict:
         return {"strategy": self.name}
 
@@ -43,6 +49,9 @@ class Eager(Strategy):
 
     def choose(self, n, ready, forced):
         return 0 if forced else 1
+
+    def eager(self) -> bool:
+        return True
 
 
 class Random(Strategy):
@@ -154,17 +163,26 @@ class Stalls(Strategy):
         self.stalls = [(str(s), int(a), int(b)) for s, a, b in stalls]
         self.point = -1
         self.stalled: frozenset = frozenset()
+        # the stalled set changes only where a window starts or ends
+        self._edges = sorted({x for _, a, b in self.stalls for x in (a, b)}, reverse=True)
 
     def new_point(self):
         self.point += 1
         p = self.point
-        self.stalled = frozenset(s for s, a, b in self.stalls if a <= p < b)
+        edges = self._edges
+        if edges and edges[-1] <= p:
+            while edges and edges[-1] <= p:
+                edges.pop()
+            self.stalled = frozenset(s for s, a, b in self.stalls if a <= p < b)
 
     def choose(self, n, ready, forced):
         for i, s in enumerate(ready):
             if s not in self.stalled:
                 return i if forced else i + 1
         return 0
+
+    def eager(self) -> bool:
+        return not self.stalled
 
     def describe(self):
         return {"strategy": self.name, "stalls": [list(x) for x in self.stalls]}

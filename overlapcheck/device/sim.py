@@ -34,10 +34,10 @@ class _Op:
     __slots__ = ("kind", "stream", "seq", "fn", "args", "kwargs", "clock", "info",
                  "declared", "bound", "retired")
 
-    def __init__(self, kind, stream, seq, fn=None, args=(), kwargs=None, clock=None,
-                 info=None, declared=None, bound=None):
+    def __init__(self, kind, stream, seq, clock, info, fn=None, args=(), kwargs=None,
+                 declared=None, bound=None):
         self.kind, self.stream, self.seq = kind, stream, seq
-        self.fn, self.args, self.kwargs = fn, args, kwargs or {}
+        self.fn, self.args, self.kwargs = fn, args, kwargs
         self.clock, self.info, self.declared, self.bound = clock, info, declared, bound
         self.retired = False
 
@@ -62,13 +62,14 @@ class HostFlag:
 
 
 class _Queue:
-    __slots__ = ("ops", "enq", "ret", "known")
+    __slots__ = ("ops", "enq", "ret", "known", "stream", "name", "ctx")
 
-    def __init__(self):
+    def __init__(self, stream: Stream):
         self.ops: Deque[_Op] = deque()
         self.enq = 0     # ops enqueued so far
         self.ret = 0     # ops retired so far
         self.known = 0   # ops the host knows to be retired (through a synchronization)
+        self.stream, self.name, self.ctx = stream, stream.name, stream.ctx
 
 
 class SimRuntime(Runtime):
@@ -83,6 +84,8 @@ class SimRuntime(Runtime):
         super().__init__(detect=detect, access=access, on_race=on_race)
         self.strategy = strategy
         self._q: Dict[int, _Queue] = {}
+        self._queues: List[_Queue] = []     # in stream order (the order ``ready`` lists)
+        self._opinfo: Dict[str, OpInfo] = {}   # record/wait op names -> their OpInfo
         self._pending = 0
         self._mem = 0
         # (stream ctx, numel, dtype) -> freed blocks: (flat tensor, mem id, pledges)
@@ -94,21 +97,26 @@ class SimRuntime(Runtime):
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
+        return [q.stream for q in self._ready_queues(limit)]
+
+    def _ready_queues(self, limit: Optional[Dict[int, int]] = None) -> List[_Queue]:
+        """The queues whose head can retire (in stream order); with ``limit``, only those
+        that have retired fewer than ``limit[ctx]`` ops."""
         out = []
-        for s in self.streams:
-            q = self._q[s.ctx]
-            if not q.ops:
+        for q in self._queues:
+            ops = q.ops
+            if not ops:
                 continue
-            if limit is not None and q.ret >= limit.get(s.ctx, 0):
+            if limit is not None and q.ret >= limit.get(q.ctx, 0):
                 continue
-            head = q.ops[0]
+            head = ops[0]
             if head.kind == WAIT and not head.bound.retired:
                 continue
-            out.append(s)
+            out.append(q)
         return out
 
-    def _decide(self, n: int, ready: List[Stream], forced: bool) -> int:
-        c = self.strategy.choose(n, [s.name for s in ready], forced)
+    def _decide(self, n: int, ready: List[_Queue], forced: bool) -> int:
+        c = self.strategy.choose(n, [q.name for q in ready], forced)
         if not 0 <= c < n:
             raise ValueError(f"strategy returned decision {c} of {n}")
         self.choices.append(c)
@@ -119,12 +127,38 @@ class SimRuntime(Runtime):
         self.calls += 1
         if not self._pending:
             return
-        self.strategy.new_point()
+        strategy = self.strategy
+        strategy.new_point()
+        choices, queues = self.choices, self._queues
+        if strategy.eager():          # retire every ready head, first ready stream first
+            while True:
+                for q in queues:
+                    ops = q.ops
+                    if ops:
+                        head = ops[0]
+                        if head.kind != WAIT or head.bound.retired:
+                            break
+                else:
+                    return
+                choices.append(1)
+                self._retire(q)
+        choose = strategy.choose
         while True:
-            ready = self._ready()
+            ready, names = [], []
+            for q in queues:
+                ops = q.ops
+                if ops:
+                    head = ops[0]
+                    if head.kind != WAIT or head.bound.retired:
+                        ready.append(q)
+                        names.append(q.name)
             if not ready:
                 return
-            c = self._decide(len(ready) + 1, ready, False)
+            n = len(ready) + 1
+            c = choose(n, names, False)
+            if not 0 <= c < n:
+                raise ValueError(f"strategy returned decision {c} of {n}")
+            choices.append(c)
             if c == 0:
                 return
             self._retire(ready[c - 1])
@@ -149,51 +183,65 @@ class SimRuntime(Runtime):
                             need[b.stream.ctx] = b.seq + 1
                             changed = True
         while True:
-            ready = self._ready(need)
+            ready = self._ready_queues(need)
             if not ready:
                 break
-            c = self._decide(len(ready), ready, True) if len(ready) > 1 else 0
+            if len(ready) == 1:
+                c = 0
+            elif self.strategy.eager():
+                c = 0
+                self.choices.append(0)
+            else:
+                c = self._decide(len(ready), ready, True)
             self._retire(ready[c])
         for ctx, upto in need.items():
             q = self._q[ctx]
             assert q.ret >= upto, "the sim could not retire what a synchronization needs"
             q.known = max(q.known, upto)
 
-    def _retire(self, s: Stream) -> None:
-        q = self._q[s.ctx]
+    def _retire(self, q: _Queue) -> None:
         op = q.ops.popleft()
         q.ret += 1
         self._pending -= 1
-        if op.kind == KERNEL:
-            self._run_closure(op.fn, op.args, op.kwargs, op.declared, s.ctx, op.clock, op.info)
-        elif op.kind == COPY:
+        kind = op.kind
+        if kind == KERNEL:
+            self._run_closure(op.fn, op.args, op.kwargs or {}, op.declared, q.ctx, op.clock,
+                              op.info)
+        elif kind == COPY:
             dst, src = op.args
             dst.t.copy_(src.t)
             if self.det is not None:
-                self._feed(s.ctx, op.clock, op.info, None, op.declared)
+                self._feed(q.ctx, op.clock, op.info, None, op.declared)
         op.retired = True
         if self.trace:
-            self.retired.append((s.name, op.info.name if op.info else op.kind, self.calls))
+            self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
 
-    def _enqueue(self, s: Stream, kind: str, clock, **kw) -> _Op:
+    def _enqueue(self, s: Stream, kind: str, clock, info, **kw) -> _Op:
         q = self._q[s.ctx]
-        op = _Op(kind, s, q.enq, clock=clock, **kw)
+        op = _Op(kind, s, q.enq, clock, info, **kw)
         q.enq += 1
         q.ops.append(op)
         self._pending += 1
         return op
 
+    def _named(self, name: str) -> OpInfo:
+        info = self._opinfo.get(name)
+        if info is None:
+            info = self._opinfo[name] = OpInfo(name)
+        return info
+
     # -- streams and events ------------------------------------------------------------
     def new_stream(self, name: str) -> Stream:
         s = super().new_stream(name)
-        self._q[s.ctx] = _Queue()
+        q = self._q[s.ctx] = _Queue(s)
+        self._queues.append(q)
         return s
 
     def _raw_record(self, event: Event, stream: Stream, clock) -> _Op:
-        return self._enqueue(stream, RECORD, clock, info=OpInfo(f"record {event.name}"))
+        return self._enqueue(stream, RECORD, clock, self._named(f"record {event.name}"))
 
     def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
-        self._enqueue(stream, WAIT, clock, bound=event.last, info=OpInfo(f"wait {event.name}"))
+        self._enqueue(stream, WAIT, clock, self._named(f"wait {event.name}"), bound=event.last)
 
     def _raw_query(self, event: Event) -> bool:
         rec = event.last
@@ -221,8 +269,8 @@ class SimRuntime(Runtime):
         """``stream``'s later work waits until the host sets ``flag``."""
         self._point()
         if not flag.retired:
-            self._enqueue(stream, WAIT, self._clock(stream), bound=flag,
-                          info=OpInfo(f"wait {flag.name}"))
+            self._enqueue(stream, WAIT, self._clock(stream), OpInfo(f"wait {flag.name}"),
+                          bound=flag)
 
     # -- buffers ---------------------------------------------------------------------
     def _fresh(self, shape, dtype, space: str) -> Tuple[torch.Tensor, int]:
@@ -240,11 +288,15 @@ class SimRuntime(Runtime):
             numel *= x
         key = (stream.ctx, numel, dtype)
         t = mem = None
-        for i, (flat, m, pledges) in enumerate(self._pool.get(key, ())[::-1]):
-            if all(self._q[ctx].known >= upto for ctx, upto in pledges):
-                del self._pool[key][len(self._pool[key]) - 1 - i]
-                t, mem = flat.view(shape), m
-                break
+        blocks = self._pool.get(key)
+        if blocks:
+            qs = self._q
+            for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
+                flat, m, pledges = blocks[i]
+                if all(qs[ctx].known >= upto for ctx, upto in pledges):
+                    del blocks[i]
+                    t, mem = flat.view(shape), m
+                    break
         if t is None:
             t, mem = self._fresh(shape, dtype, DEVICE)
         return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
@@ -269,15 +321,15 @@ class SimRuntime(Runtime):
     # -- device work -------------------------------------------------------------------
     def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
         """Queue ``fn``; it runs when the stream retires it."""
-        self._enqueue(stream, KERNEL, clock, fn=fn, args=args, kwargs=kwargs, info=info,
+        self._enqueue(stream, KERNEL, clock, info, fn=fn, args=args, kwargs=kwargs,
                       declared=declared)
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
-        self._enqueue(stream, COPY, clock, args=(dst, src), info=info, declared=table)
+        self._enqueue(stream, COPY, clock, info, args=(dst, src), declared=table)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)
-        self._enqueue(stream, KERNEL, clock, fn=out.copy_, args=(buf.t,), info=info,
+        self._enqueue(stream, KERNEL, clock, info, fn=out.copy_, args=(buf.t,),
                       declared=table)
         return out
