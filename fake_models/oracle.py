@@ -140,3 +140,13 @@ class OracleModel:
         cut = (lens - host_lens).clamp(min=0)
         other = (drafts + 1 + mix(drafts % M, cut, 5) % (self.vocab - 1)) % self.vocab
         return torch.where(cut > 0, other, drafts)
+
+    @property
+    def host(self):
+        """This model on numpy arrays (``oracle_host.OracleHost``): what the sim's host
+        twins of the engine's kernels call (``overlapcheck/engine/kernels_host.py``)."""
+        h = self.__dict__.get("_host")
+        if h is None:
+            from .oracle_host import OracleHost
+            h = self._host = OracleHost(self)
+        return h

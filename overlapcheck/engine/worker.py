@@ -25,6 +25,7 @@ import torch
 from . import backup_check as BK
 from . import canary as C
 from . import kernels as K
+from . import kernels_host  # noqa: F401 - registers the kernels' host twins (the sim's)
 from .buffers import DeviceState
 from ..faults import FaultSet
 from .drafts import make_drafter
@@ -33,7 +34,7 @@ from .types import PREFILL, SEEDED, Batch
 
 
 class SpecWorker:
-    def __init__(self, dev: DeviceState, model, requests):
+    def __init__(self, dev: DeviceState, model, requests, canary: bool = True):
         self.dev, self.model, self.requests = dev, model, requests
         cfg = dev.cfg
         self.k = cfg.spec_steps
@@ -48,7 +49,8 @@ class SpecWorker:
         self.host_sum = cfg.overlap and cfg.spec and (
             cfg.verify_sync or self.faults.on("verify-sum-unwaited"))
         self._published = None   # (bid, parity, {rid: index}) of the newest publishing batch
-        self.tags = C.tag_columns(model)   # KV canary on when the model tags its KV rows
+        # KV canary on when asked for and the model tags its KV rows
+        self.tags = C.tag_columns(model) if canary else None
         # the KV backup's canary (backup_check): spans kept, host pool read back
         self.backup_canary = self.backup and cfg.backup_canary and self.tags is not None
         if self.backup_canary:
@@ -75,33 +77,25 @@ class SpecWorker:
     def _stage(self, batch: Batch, p: int) -> Tuple[int, int]:
         dev, rt = self.dev, self.dev.rt
         lsum = self._lens_sum(batch)
-        meta = torch.zeros(dev.meta_pin[p].t.shape, dtype=torch.int64)
-        ptok = torch.zeros(dev.ptok_pin[p].t.shape, dtype=torch.int64)
-        n_tok = 0
-        rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * len(meta)
-        for i, e in enumerate(batch.entries):
+        bs = dev.meta_pin[p].t.shape[0]
+        entries = batch.entries
+        rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * bs
+        meta, ptok = [], []
+        for i, e in enumerate(entries):
             spec = self.requests[e.rid].spec
-            meta[i] = torch.tensor([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED),
-                                    e.start, e.n, int(e.sample), int(e.last),
-                                    e.next_token, lsum] + rounds[i])
-            for j, tok in enumerate(e.tokens):
-                ptok[n_tok] = torch.tensor([e.row, e.start + j, tok, e.rid])
-                n_tok += 1
-        cells = torch.zeros(dev.cells_pin[p].t.shape, dtype=torch.int64)
+            meta.append([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED), e.start, e.n,
+                         int(e.sample), int(e.last), e.next_token, lsum] + rounds[i])
+            row, start, rid = e.row, e.start, e.rid
+            ptok += [[row, start + j, tok, rid] for j, tok in enumerate(e.tokens)]
         staged = K.table_cells(batch.cells, dev.table.t.shape)
-        if staged:
-            cells[:len(staged)] = torch.tensor(staged, dtype=torch.int64)
-        rt.host_write(dev.meta_pin[p], meta)
-        rt.host_write(dev.cells_pin[p], cells)
+        rt.host_write(dev.meta_pin[p], _padded(meta, dev.meta_pin[p].t.shape))
+        rt.host_write(dev.cells_pin[p], _padded(staged, dev.cells_pin[p].t.shape))
         if batch.kind == PREFILL:
-            rt.host_write(dev.ptok_pin[p], ptok)
+            rt.host_write(dev.ptok_pin[p], _padded(ptok, dev.ptok_pin[p].t.shape))
         if self.backup and batch.host_cells:
-            hcells = torch.zeros(dev.hcells_pin[p].t.shape, dtype=torch.int64)
             host = K.table_cells(batch.host_cells, dev.host_table.t.shape)
-            if host:
-                hcells[:len(host)] = torch.tensor(host, dtype=torch.int64)
-            rt.host_write(dev.hcells_pin[p], hcells)
-        return len(staged), n_tok
+            rt.host_write(dev.hcells_pin[p], _padded(host, dev.hcells_pin[p].t.shape))
+        return len(staged), len(ptok)
 
     # -- launch ------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> List[str]:
@@ -322,6 +316,14 @@ class SpecWorker:
             return None
         rows = self.dev.rt.host_view(self.dev.can_pin[batch.bid % 2]).tolist()
         return rows[:len(batch.entries)]
+
+
+def _padded(rows, shape) -> torch.Tensor:
+    """``rows`` (lists of ints) as the first rows of a zero tensor of ``shape``."""
+    out = torch.zeros(shape, dtype=torch.int64)
+    if rows:
+        out[:len(rows)] = torch.tensor(rows, dtype=torch.int64)
+    return out
 
 
 class _Step:

@@ -1,0 +1,148 @@
+"""The oracle pair and its heads on numpy arrays: the host twin of ``oracle``,
+``oracle_heads`` and ``kv_store``, value for value.
+
+On the simulated device, buffers are CPU tensors and a kernel's tensors are a few dozen
+integers, so the cost of a kernel is the number of ops it issues: about 2.6 µs each
+through torch, several times less through numpy. The sim runs an engine kernel's host
+twin (``overlapcheck/engine/kernels_host.py``) when nothing intercepts its torch ops
+(declared accesses, or no detector; docs/design.md §3.4), and the twin calls this
+module through ``OracleModel.host``. Every function here computes exactly what its
+torch original computes, including integer wrap-around on poison values and the
+last-writer-wins of duplicate indices; where numpy would accept an index torch
+rejects (a negative index of ``gather``/``scatter``), it raises instead, so that the
+sim reruns the torch kernel, which reports the failure where it happens.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .oracle import KV_WIDTH, POS, RID, SEEDED_PERCENT, TOK, M
+
+FEAT = KV_WIDTH
+_MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
+
+
+def mix(x, *ys):
+    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints)."""
+    for y in ys:
+        if isinstance(y, int):
+            c = _MIX.get(y)
+            if c is None:
+                c = _MIX[y] = (y % M) * 69621 + 12345
+            x = (x * 48271 + c) % M
+        else:
+            x = (x * 48271 + (y % M) * 69621 + 12345) % M
+        x = x ^ (x >> 11)
+    return x
+
+
+def term(tokens, positions):
+    return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
+
+
+def _nonneg(idx) -> None:
+    """torch's ``gather``/``scatter`` refuse negative indices; numpy would wrap them."""
+    if idx.size and idx.min() < 0:
+        raise IndexError("negative index (torch refuses it)")
+
+
+def kept_sources(n_slots: int, slots, keep):
+    n = slots.shape[0]
+    idx = np.arange(n)
+    cand = np.where(keep, idx, -1)
+    last = np.full((n_slots,), -1, dtype=np.int64)
+    _nonneg(slots)
+    np.maximum.at(last, slots, cand)
+    return np.where(keep, idx, last[slots])
+
+
+def store(dst, slots, new, src=None) -> None:
+    if src is not None:
+        new = np.where((src >= 0)[:, None], new[np.maximum(src, 0)], dst[slots])
+    dst[slots] = new
+
+
+def raw_hash(kv, table, rows, ctx_lens):
+    pos = np.arange(table.shape[1])
+    mask = pos < ctx_lens[:, None]
+    slots = np.where(mask, table[rows], 0)
+    terms = term(kv[:, TOK][slots], pos)
+    return np.where(mask, terms, 0).sum(1) % M
+
+
+def hash_columns(kv, table, rows, ctx, cols):
+    """``oracle_heads._hash_columns``."""
+    pos = np.arange(table.shape[1])
+    mask = pos < ctx[:, None]
+    vals = kv[np.where(mask, table[rows], 0)]
+    h = np.zeros(rows.shape[0], dtype=np.int64)
+    for c in cols:
+        h = h + np.where(mask, term(vals[..., c], pos + c), 0).sum(1)
+    return h % M
+
+
+class OracleHost:
+    """``OracleModel``'s methods on numpy arrays (see the module docstring)."""
+
+    def __init__(self, model):
+        self.vocab, self.agreement, self.salt = model.vocab, model.agreement, model.salt
+
+    def write_kv(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
+        slots = table[rows, pos]
+        new = np.stack([toks, pos, rids], axis=-1)
+        store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
+
+    write_draft_kv = write_kv
+
+    def context_hash(self, kv, table, rows, ctx_lens):
+        return mix(raw_hash(kv, table, rows, ctx_lens), ctx_lens)
+
+    def target_hidden(self, kv, table, rows, ctx_lens):
+        return raw_hash(kv, table, rows, ctx_lens)[:, None]
+
+    def sample(self, h, seeds, positions, seeded):
+        greedy = mix(h, 1) % self.vocab
+        u = mix(h, seeds, positions)
+        other = (u >> 7) % self.vocab
+        return np.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
+
+    def target(self, kv, table, rows, ctx_lens, seeds, seeded):
+        return self.sample(self.context_hash(kv, table, rows, ctx_lens), seeds, ctx_lens, seeded)
+
+    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded):
+        h = self.context_hash(draft_kv, table, rows, ctx_lens)
+        like = self.sample(h, seeds, ctx_lens, seeded)
+        agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
+        other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
+        return np.where(agree, like, other)
+
+    def host_lens_cut(self, drafts, lens, host_lens):
+        cut = np.maximum(lens - host_lens, 0)
+        other = (drafts + 1 + mix(drafts % M, cut, 5) % (self.vocab - 1)) % self.vocab
+        return np.where(cut > 0, other, drafts)
+
+    def _agree(self, like, u):
+        other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
+        return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
+
+    # -- heads (oracle_heads) ---------------------------------------------------------------
+    def eagle_write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
+        slots = table[rows, pos]
+        new = np.stack([toks, pos, rids, feats[:, 0]], axis=1)
+        store(ekv, slots, new, None if keep is None else kept_sources(ekv.shape[0], slots, keep))
+
+    def eagle_out(self, ekv, table, rows, pos, seeds, seeded):
+        row = ekv[table[rows, pos]]
+        g = (row[:, FEAT] + term(row[:, TOK], pos + 1)) % M
+        like = self.sample(mix(g, pos + 2), seeds, pos + 2, seeded)
+        seen = hash_columns(ekv, table, rows, pos + 1, (TOK, FEAT))
+        return g[:, None], self._agree(like, mix(seen, g, seeds, pos + 2))
+
+    def mtp_step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
+        g = (feats[:, 0] + term(toks, pos)) % M
+        like = self.sample(mix(g, pos + 1), seeds, pos + 1, seeded)
+        seen = hash_columns(kv, table, rows, lens, (TOK,))
+        return g[:, None], self._agree(like, mix(seen, g, seeds, pos + 1))
+
+
+__all__ = ["OracleHost", "mix", "term", "raw_hash", "kept_sources", "store", "POS", "RID"]

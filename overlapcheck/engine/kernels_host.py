@@ -1,0 +1,324 @@
+"""Host twins of the device closures: the same kernels on numpy arrays, for the sim.
+
+A sim kernel works on a few dozen integers, so its cost is the number of ops it
+issues (about 2.6 µs each through torch, several times less through numpy). Each
+function here computes exactly what the kernel of the same name computes (in
+``kernels``, ``canary``, ``drafts_eagle``, ``drafts_mtp``), taking the same arguments
+with every tensor as a numpy view of the same memory; model calls go to the model's
+own twin (``model.host``: the oracle family, ``fake_models/oracle_host.py``).
+
+``host_twin(kernel)`` registers a twin on its kernel; the runtime runs it only where it
+may (docs/design.md §3.4): a backend whose work is CPU tensors (``rt.cpu_work``) and no
+interception (declared accesses, or no detector), so access inference, CUDA and models
+without a twin run the torch kernel. A twin that cannot run (``NoHostTwin``: the model
+has none) or fails (an index out of range, as a stale read gives) leaves the work to
+the torch kernel, which then runs from the start; a twin therefore writes nothing it
+would not write again the same way (tests/test_host_closures.py compares the two on
+every draft kind, model variant and engine mode).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import canary as C
+from . import drafts_eagle as DE
+from . import drafts_mtp as DM
+from . import kernels as K
+from .kernels import (AHEAD, LAST, LSUM, N, NEXT, NOW, P_POS, P_RID, P_ROW, P_TOK, RID, ROW,
+                      SAMPLE, SEED, SEEDED, START)
+
+
+class NoHostTwin(Exception):
+    """The kernel's model has no host twin: run the torch kernel."""
+
+
+def host_twin(kernel):
+    """Register the decorated function as ``kernel``'s host twin."""
+    def register(fn):
+        kernel.host_twin = fn
+        return fn
+    return register
+
+
+def _model(model):
+    hm = getattr(model, "host", None)
+    if hm is None:
+        raise NoHostTwin(type(model).__name__)
+    return hm
+
+
+def _gather_last(out_tok, acc, b):
+    """``out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)``."""
+    idx = acc - 1
+    if idx.size and (idx.min() < 0 or idx.max() >= out_tok.shape[1]):
+        raise IndexError("gather index out of range (torch refuses it)")
+    return out_tok[np.arange(b), idx]
+
+
+def _flat(x, b, width):
+    """``x.unsqueeze(1).expand(b, width).reshape(-1)``."""
+    return x.repeat(width)
+
+
+def _round_tokens(hm, m, lens, new, old, gate, hcol):
+    if hcol is not None:
+        new = hm.host_lens_cut(new, lens, m[:, hcol])
+    return new if gate is None else np.where(m[:, gate] == 1, new, old)
+
+
+# -- kernels.py ----------------------------------------------------------------------------
+@host_twin(K.write_table)
+def write_table(table, cells, n):
+    c = cells[:n]
+    w = table.shape[1]
+    table[c[:, 0] + c[:, 1] // w, c[:, 1] % w] = c[:, 2]
+
+
+@host_twin(K.prefill_write)
+def prefill_write(model, kv, draft_kv, table, ptok, n):
+    hm = _model(model)
+    p = ptok[:n]
+    args = (table, p[:, P_ROW], p[:, P_POS], p[:, P_TOK], p[:, P_RID])
+    hm.write_kv(kv, *args)
+    if draft_kv is not None:
+        hm.write_draft_kv(draft_kv, *args)
+
+
+@host_twin(K.prefill_finish)
+def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
+    hm = _model(model)
+    m = meta[:b]
+    rows, ctx = m[:, ROW], m[:, START] + m[:, N]
+    t = hm.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
+    sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
+    out_tok[:b, 0] = np.where(sample, t, -1)
+    out_acc[:b] = sample
+    nxt = np.where(sample, t, m[:, NEXT])
+    fm_tok[rows] = np.where(last, nxt, fm_tok[rows])
+    fm_len[rows] = np.where(last, ctx, fm_len[rows])
+
+
+@host_twin(K.resolve)
+def resolve(fm_tok, fm_len, meta, drafts, lens, b):
+    rows = meta[:b, ROW]
+    drafts[:b, 0] = fm_tok[rows]
+    lens[:b] = fm_len[rows]
+
+
+@host_twin(K.seq_lens_sum)
+def seq_lens_sum(meta, lens, out, b, from_host):
+    out[0] = meta[0, LSUM] if from_host else lens[:b].sum()
+
+
+@host_twin(K.publish_lens)
+def publish_lens(lens, out_acc, new_lens, b):
+    new_lens[:b] = lens[:b] + out_acc[:b]
+
+
+@host_twin(K.backup_kv)
+def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
+    m = meta[:b]
+    offs = np.arange(width)
+    pos = (lens[:b, None] + offs).reshape(-1)
+    rows = _flat(m[:, ROW], b, width)
+    keep = (offs < out_acc[:b, None]).reshape(-1)
+    src, dst = table[rows, pos], host_table[rows, pos]
+    dst = np.where(keep, dst, dst[0])
+    src = np.where(keep, src, src[0])
+    host_kv[dst] = kv[src]
+
+
+@host_twin(K.draft_step)
+def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 1)
+    hm.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID],
+                      keep=None if gate is None else m[:, gate] == 1)
+    d = hm.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
+
+
+@host_twin(K.restore)
+def restore(fm_drafts, meta, drafts, k, b):
+    m = meta[:b]
+    pre = (m[:, NOW] == 0)[:, None]
+    drafts[:b, 1:k + 1] = np.where(pre, fm_drafts[m[:, ROW]], drafts[:b, 1:k + 1])
+
+
+@host_twin(K.ahead_start)
+def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
+    m, acc = meta[:b], out_acc[:b]
+    first = _gather_last(out_tok, acc, b)
+    next_drafts[:b, 0] = first
+    next_lens[:b] = np.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
+
+
+@host_twin(K.ahead_stash)
+def ahead_stash(fm_drafts, meta, next_drafts, k, b):
+    rows, ahead = meta[:b, ROW], (meta[:b, AHEAD] == 1)[:, None]
+    fm_drafts[rows] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[rows])
+
+
+@host_twin(K.verify)
+def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
+    hm = _model(model)
+    m = meta[:b]
+    offs = np.arange(width)
+    pos = (lens[:b, None] + offs).reshape(-1)
+    rows = _flat(m[:, ROW], b, width)
+    hm.write_kv(kv, table, rows, pos, drafts[:b, :width].reshape(-1), _flat(m[:, RID], b, width))
+    t = hm.target(kv, table, rows, pos + 1, _flat(m[:, SEED], b, width),
+                  _flat(m[:, SEEDED] == 1, b, width))
+    tgt[:b, :width] = t.reshape(b, width)
+
+
+@host_twin(K.accept)
+def accept(drafts, tgt, out_tok, out_acc, k, b):
+    match = (drafts[:b, 1:k + 1] == tgt[:b, :k]).astype(np.int64)
+    out_acc[:b] = match.cumprod(1).sum(1) + 1
+    out_tok[:b, :k + 1] = tgt[:b, :k + 1]
+
+
+@host_twin(K.draft_extend)
+def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
+    hm = _model(model)
+    m = meta[:b]
+    offs = np.arange(width)
+    pos = (lens[:b, None] + offs).reshape(-1)
+    keep = (offs < out_acc[:b, None]).reshape(-1)
+    hm.write_draft_kv(draft_kv, table, _flat(m[:, ROW], b, width), pos,
+                      drafts[:b, :width].reshape(-1), _flat(m[:, RID], b, width), keep=keep)
+
+
+@host_twin(K.stash)
+def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b):
+    rows, acc = meta[:b, ROW], out_acc[:b]
+    fm_tok[rows] = _gather_last(out_tok, acc, b)
+    fm_len[rows] = lens[:b] + acc
+
+
+@host_twin(K.decode)
+def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
+    hm = _model(model)
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b]
+    hm.write_kv(kv, table, rows, pos, drafts[:b, 0], m[:, RID])
+    out_tok[:b, 0] = hm.target(kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
+    out_acc[:b] = 1
+
+
+# -- canary.py -----------------------------------------------------------------------------
+@host_twin(C.canary)
+def canary(kv, table, meta, lens, out, tags, b, prefill):
+    tok_c, pos_c, rid_c = tags
+    m = meta[:b]
+    n = (m[:, START] + m[:, N]) if prefill else lens[:b]
+    pos = np.arange(table.shape[1])
+    mask = pos < n[:, None]
+    raw = table[m[:, ROW]]
+    valid = (raw >= 0) & (raw < kv.shape[0])
+    rows = kv[np.where(mask & valid, raw, 0)]          # [b, width, kv_width]
+    bad = mask & (~valid | (rows[..., pos_c] != pos) | (rows[..., rid_c] != m[:, RID, None]))
+    anybad = bad.any(1)
+    first = np.where(anybad, bad.argmax(1), 0)
+    at = rows[np.arange(b), first]
+    terms = (rows[..., tok_c] % C.DIGEST_M) * ((pos * 40503 + 17) % C.DIGEST_M + 1) % C.DIGEST_M
+    out[:b, C.C_LEN] = n
+    out[:b, C.C_BAD] = bad.sum(1)
+    out[:b, C.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
+    out[:b, C.C_POS] = np.where(anybad, first, -1)
+    out[:b, C.C_TOK] = at[:, tok_c]
+    out[:b, C.C_KPOS] = at[:, pos_c]
+    out[:b, C.C_RID] = at[:, rid_c]
+    out[:b, C.C_DIGEST] = np.where(mask, terms, 0).sum(1) % C.DIGEST_M
+
+
+# -- drafts_eagle.py -----------------------------------------------------------------------
+@host_twin(DE.eagle_prefill)
+def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b):
+    hm = _model(model)
+    p = ptok[:n]
+    rows, q = p[:, P_ROW], p[:, P_POS]
+    pos = np.maximum(q - 1, 0)
+    feats = hm.target_hidden(kv, table, rows, pos + 1)
+    hm.eagle_write(ekv, table, rows, pos, p[:, P_TOK], feats, p[:, P_RID], keep=q >= 1)
+    m = meta[:b]
+    mrows, ctx, last = m[:, ROW], m[:, START] + m[:, N], m[:, LAST] == 1
+    tok = np.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
+    feats = hm.target_hidden(kv, table, mrows, ctx)
+    hm.eagle_write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
+    g, d1 = hm.eagle_out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
+    fm_draft[mrows] = np.where(last, d1, fm_draft[mrows])
+    fm_hid[mrows] = np.where(last[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[mrows])
+
+
+@host_twin(DE.eagle_resolve)
+def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows = m[:, ROW]
+    drafts[:b, 1] = _round_tokens(hm, m, lens[:b], fm_draft[rows], drafts[:b, 1], gate, hcol)
+    hid[:b] = fm_hid[rows]
+
+
+@host_twin(DE.eagle_step)
+def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 2)
+    hm.eagle_write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID],
+                   keep=None if gate is None else m[:, gate] == 1)
+    g, d = hm.eagle_out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
+    hid[:b] = g.astype(hid.dtype, copy=False)
+
+
+@host_twin(DE.eagle_extend)
+def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
+                 width, b, by_position=False):
+    hm = _model(model)
+    m = meta[:b]
+    offs = np.arange(width)
+    pos = (lens[:b, None] + offs).reshape(-1)
+    rows = _flat(m[:, ROW], b, width)
+    keep = (offs < out_acc[:b, None]).reshape(-1)
+    feats = hm.target_hidden(kv, table, rows, pos + 1)
+    hm.eagle_write(ekv, table, rows, pos, out_tok[:b, :width].reshape(-1), feats,
+                   _flat(m[:, RID], b, width), keep=keep)
+    last = lens[:b] + out_acc[:b] - 1
+    g, d1 = hm.eagle_out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
+    dest = np.arange(b) if by_position else m[:, ROW]
+    fm_draft[dest] = d1
+    fm_hid[dest] = g.astype(fm_hid.dtype, copy=False)
+
+
+# -- drafts_mtp.py -------------------------------------------------------------------------
+@host_twin(DM.mtp_prefill_seed)
+def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
+    hm = _model(model)
+    m = meta[:b]
+    rows, last = m[:, ROW], m[:, LAST] == 1
+    h = hm.target_hidden(kv, table, rows, m[:, START] + m[:, N]).astype(fm_hid.dtype, copy=False)
+    fm_hid[rows] = np.where(last[:, None], h, fm_hid[rows])
+
+
+@host_twin(DM.mtp_step)
+def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
+             gate=None, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows = m[:, ROW]
+    feats = fm_hid[rows] if j == 1 else hid[:b]
+    g, d = hm.mtp_step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
+                       feats, m[:, SEED], m[:, SEEDED] == 1)
+    drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
+    hid[:b] = g.astype(hid.dtype, copy=False)
+
+
+@host_twin(DM.mtp_seed)
+def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b):
+    hm = _model(model)
+    rows = meta[:b, ROW]
+    fm_hid[rows] = hm.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).astype(
+        fm_hid.dtype, copy=False)
