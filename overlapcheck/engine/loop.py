@@ -32,11 +32,14 @@ class EngineStuck(RuntimeError):
 
 class Engine:
     """``strict``: assert at every idle step that the pool is full and consistent (the
-    tests' shortcut); otherwise leaks surface through the kv-accounting checker."""
+    tests' shortcut); otherwise leaks surface through the kv-accounting checker.
+    ``canary``: launch the KV canary (for a model whose KV rows carry tags); by default
+    only when someone observes the engine, since only the ``Canary`` events read it."""
 
     def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None,
-                 strict: bool = False):
+                 strict: bool = False, canary: Optional[bool] = None):
         self.cfg, self.rt, self.observer, self.strict = cfg, rt, observer, strict
+        self.canary = observer is not None if canary is None else canary
         self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
         if rt.graphs:   # cuda graphs: model calls replay once every long-lived buffer exists
@@ -44,7 +47,7 @@ class Engine:
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
         self.mem = Memory(cfg, self.dev, self._emit)
         self.sched = Scheduler(cfg, self.mem, self.requests, self._emit)
-        self.worker = SpecWorker(self.dev, model, self.requests)
+        self.worker = SpecWorker(self.dev, model, self.requests, self.canary)
         if rt.graphs:
             model.arm(rt.graph_cache())
         self.inflight: Deque[Batch] = deque()

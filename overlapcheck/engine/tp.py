@@ -63,7 +63,7 @@ class TPEngine(Engine):
         self.collective = Collective(rt, cfg.tp)
         self.others: List[Engine] = []
         for r in range(1, cfg.tp):
-            eng = Engine(cfg, rt, model, None, strict)
+            eng = Engine(cfg, rt, model, None, strict, canary=self.canary)   # launches alike
             eng.rank, eng.collective = r, self.collective
             self.others.append(eng)
 

@@ -34,13 +34,32 @@ class Monitor:
         self.violations: List[Violation] = []
         self.problems: List[Finding] = []     # findings that are no checker's violation
         self._found: Dict[tuple, Finding] = {}
+        # event class -> [(checker, its handler)], in checker order: an event goes only to
+        # the checkers that handle it (a checker with its own ``feed`` gets every event)
+        self._routes: Dict[type, list] = {}
+
+    def _route(self, cls: type) -> list:
+        route = []
+        for c in self.checkers:
+            if type(c).feed is Checker.feed:
+                h = getattr(c, "on_" + cls.__name__, None)
+                if h:
+                    route.append((c, h))
+            else:
+                route.append((c, c.feed))
+        self._routes[cls] = route
+        return route
 
     def __call__(self, ev) -> None:
         if self.log is not None:
             self.log.event(ev)
-        for c in tuple(self.checkers):
+        cls = type(ev)
+        route = self._routes.get(cls)
+        if route is None:
+            route = self._route(cls)
+        for c, handle in route:
             try:
-                found = c.feed(ev)
+                found = handle(ev)
             except Exception as e:  # noqa: BLE001 - a checker bug, reported as such
                 self._crashed(c, ev, e)
                 continue
@@ -58,6 +77,7 @@ class Monitor:
 
     def _crashed(self, checker: Checker, ev, exc: Exception) -> None:
         self.checkers.remove(checker)
+        self._routes.clear()
         kind = type(ev).__name__
         self.problem(Finding(checker.name, ("checker-crashed", kind, type(exc).__name__),
                          ev.iteration, f"[{checker.name}] step {ev.iteration}: the checker "
