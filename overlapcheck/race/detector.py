@@ -26,7 +26,6 @@ any others, and a conflict across owners is reported as ``reuse``.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, Hashable, Iterable, List, Optional
 
 from . import report as R
@@ -47,6 +46,11 @@ def _owner_at(hist: list, epoch: int, default: object = None) -> object:
     return default
 
 
+# An access record: (context, epoch, clock, write, rows, op); an ``Access`` is made of
+# it only when a report names it.
+_Rec = tuple
+
+
 class _Mem:
     """One memory unit: its access records and its ownership history, stamped with
     the host epoch of each change, so that an access is attributed to the owner at
@@ -56,7 +60,7 @@ class _Mem:
 
     def __init__(self, name: str):
         self.name = name
-        self.records: List[Access] = []
+        self.records: List[_Rec] = []
         self.hist: list = []
         self.row_hist: Dict[int, list] = {}
         self.pledges: List[Clock] = []
@@ -199,14 +203,12 @@ class Detector:
             clock = list(self.clocks[ctx])
         n = len(clock)
         epoch = clock[ctx] if ctx < n else 0
-        # the owner is named only when a report needs it (``_report``)
-        cur = Access(ctx, self.ctx_names[ctx], epoch, clock, write, rows, None, op)
         fence = m.fence
         nf = len(fence)
-        found: Optional[RaceReport] = None
-        keep: List[Access] = []
+        found = None         # (both rows, previous record) of the race to report
+        keep: List[_Rec] = []
         for prev in m.records:
-            prows = prev.rows
+            pctx, pep, pclock, pwrite, prows, _ = prev
             if prows is None:
                 both = rows
             elif rows is None:
@@ -216,31 +218,32 @@ class Detector:
                 if not both:
                     keep.append(prev)
                     continue
-            pctx, pep = prev.ctx, prev.epoch
             before = (pctx == ctx or (clock[pctx] if pctx < n else 0) >= pep
                       or (fence[pctx] if pctx < nf else 0) >= pep)
-            if not before and (write or prev.write):
-                pc = prev.clock
-                if (pc[ctx] if ctx < len(pc) else 0) < epoch:     # nor after: a race
-                    if found is None or pep >= found.previous.epoch:
-                        found = self._report(m, both, cur, prev)
+            if not before and (write or pwrite):
+                if (pclock[ctx] if ctx < len(pclock) else 0) < epoch:   # nor after: a race
+                    if found is None or pep >= found[1][1]:
+                        found = (both, prev)
             # A record ordered before this access, covered by it, and no longer able
             # to race on its own (a write covers anything; a read covers reads).
             if (before and (rows is None or (prows is not None and prows <= rows))
-                    and (write or not prev.write)):
+                    and (write or not pwrite)):
                 continue
             keep.append(prev)
+        cur = (ctx, epoch, clock, write, rows, op)
         keep.append(cur)
         m.records = keep
-        if found is not None:
-            self.reports.append(found)
-        return found
+        if found is None:
+            return None
+        rep = self._report(m, found[0], cur, found[1])
+        self.reports.append(rep)
+        return rep
 
-    def _report(self, m: _Mem, rows: Rows, cur: Access, prev: Access) -> RaceReport:
+    def _report(self, m: _Mem, rows: Rows, cur: "_Rec", prev: "_Rec") -> RaceReport:
         # Ownership is judged on the rows both accesses touch, each at its issue time.
-        cur = replace(cur, owner=m.owner_of(rows, get(cur.clock, HOST)))
-        prev = replace(prev, owner=m.owner_of(rows, get(prev.clock, HOST)))
-        return RaceReport(self._kind(prev, cur), m.name, rows, cur, prev)
+        a, b = (Access(r[0], self.ctx_names[r[0]], r[1], r[2], r[3], r[4],
+                       m.owner_of(rows, get(r[2], HOST)), r[5]) for r in (cur, prev))
+        return RaceReport(self._kind(b, a), m.name, rows, a, b)
 
     @staticmethod
     def _kind(prev: Access, cur: Access) -> str:
