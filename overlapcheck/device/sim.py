@@ -216,9 +216,10 @@ class SimRuntime(Runtime):
         if self.trace:
             self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
 
-    def _enqueue(self, s: Stream, kind: str, clock, info, **kw) -> _Op:
+    def _enqueue(self, s: Stream, kind: str, clock, info, fn=None, args=(), kwargs=None,
+                 declared=None, bound=None) -> _Op:
         q = self._q[s.ctx]
-        op = _Op(kind, s, q.enq, clock, info, **kw)
+        op = _Op(kind, s, q.enq, clock, info, fn, args, kwargs, declared, bound)
         q.enq += 1
         q.ops.append(op)
         self._pending += 1
@@ -282,7 +283,7 @@ class SimRuntime(Runtime):
         """A device buffer allocated on ``stream`` (poison-filled when fresh, stale when
         the allocator hands back a freed block)."""
         self._point()
-        shape = tuple(int(x) for x in shape)
+        shape = tuple(map(int, shape))
         numel = 1
         for x in shape:
             numel *= x
@@ -293,7 +294,10 @@ class SimRuntime(Runtime):
             qs = self._q
             for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
                 flat, m, pledges = blocks[i]
-                if all(qs[ctx].known >= upto for ctx, upto in pledges):
+                for ctx, upto in pledges:
+                    if qs[ctx].known < upto:
+                        break
+                else:
                     del blocks[i]
                     t, mem = flat.view(shape), m
                     break
