@@ -3,9 +3,10 @@
 A sim kernel works on a few dozen integers, so its cost is the number of ops it
 issues (about 2.6 µs each through torch, several times less through numpy). Each
 function here computes exactly what the kernel of the same name computes (in
-``kernels``, ``canary``, ``drafts_eagle``, ``drafts_mtp``), taking the same arguments
-with every tensor as a numpy view of the same memory; model calls go to the model's
-own twin (``model.host``: the oracle family, ``fake_models/oracle_host.py``).
+``kernels``, ``canary``, ``backup_check``, ``drafts_eagle``, ``drafts_mtp``), taking
+the same arguments with every tensor as a numpy view of the same memory; model calls
+go to the model's own twin (``model.host``: the oracle family,
+``fake_models/oracle_host.py``).
 
 ``host_twin(kernel)`` registers a twin on its kernel; the runtime runs it only where it
 may (docs/design.md §3.4): a backend whose work is CPU tensors (``rt.cpu_work``) and no
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import backup_check as BK
 from . import canary as C
 from . import drafts_eagle as DE
 from . import drafts_mtp as DM
@@ -232,6 +234,47 @@ def canary(kv, table, meta, lens, out, tags, b, prefill):
     out[:b, C.C_KPOS] = at[:, pos_c]
     out[:b, C.C_RID] = at[:, rid_c]
     out[:b, C.C_DIGEST] = np.where(mask, terms, 0).sum(1) % C.DIGEST_M
+
+
+# -- backup_check.py -----------------------------------------------------------------------
+@host_twin(BK.reset_span)
+def reset_span(span, meta, b):
+    m = meta[:b]
+    rows, last = m[:, ROW], (m[:, LAST] == 1)[:, None]
+    ctx = np.broadcast_to((m[:, START] + m[:, N])[:, None], (b, BK.SPAN))
+    span[rows] = np.where(last, ctx, span[rows])
+
+
+@host_twin(BK.note_backup)
+def note_backup(span, meta, lens, out_acc, b):
+    rows = meta[:b, ROW]
+    end = span[rows, 1]
+    span[rows, 1] = np.where(end == lens[:b], lens[:b] + out_acc[:b], end)
+
+
+@host_twin(BK.check_backup)
+def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
+    tok_c, pos_c, rid_c = tags
+    rows = meta[:b, ROW]
+    s, e = span[rows, 0], span[rows, 1]
+    pos = np.arange(table.shape[1])
+    mask = (pos >= s[:, None]) & (pos < e[:, None])
+    src, dst = table[rows], host_table[rows]
+    valid = (src >= 0) & (src < kv.shape[0]) & (dst >= 0) & (dst < host_kv.shape[0])
+    src = np.where(mask & valid, src, 0)
+    dst = np.where(mask & valid, dst, 0)
+    held = host_kv[dst]
+    bad = mask & (~valid | (held != kv[src]).any(-1))
+    anybad = bad.any(1)
+    first = np.where(anybad, bad.argmax(1), 0)
+    at = held[np.arange(b), first]
+    out[:b, C.BK_START] = s
+    out[:b, C.BK_END] = e
+    out[:b, C.BK_BAD] = bad.sum(1)
+    out[:b, C.BK_POS] = np.where(anybad, first, -1)
+    out[:b, C.BK_TOK] = at[:, tok_c]
+    out[:b, C.BK_KPOS] = at[:, pos_c]
+    out[:b, C.BK_RID] = at[:, rid_c]
 
 
 # -- drafts_eagle.py -----------------------------------------------------------------------
