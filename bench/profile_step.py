@@ -142,15 +142,23 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--by-kernel", action="store_true", help="one line per kernel")
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--rate-only", action="store_true",
+                    help="only the uninstrumented rate (wall and CPU)")
     args = ap.parse_args()
-    import torch
-    torch.set_num_threads(1)
     campaign(3, args.seed + 1)         # imports and first-call costs out of the figures
+    try:                               # the settings of the fuzz command's processes
+        from overlapcheck.fuzz.jobs import tune_process
+        tune_process("sim")
+    except ImportError:                # a tree from before them
+        import torch
+        torch.set_num_threads(1)
     plain, wall, cpu = campaign(args.examples, args.seed)
     steps = plain.stats.steps
     print(f"uninstrumented: {args.examples} examples, {steps} checked steps in {wall:.2f} s "
           f"wall, {cpu:.2f} s CPU: {steps / wall:.0f} steps/s wall, {steps / cpu:.0f} "
           f"steps/s CPU")
+    if args.rate_only:
+        return
     timers = Timers()
     install(timers, args.by_kernel)
     timed, twall, _ = campaign(args.examples, args.seed)

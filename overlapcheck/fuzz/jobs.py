@@ -8,6 +8,7 @@ deduplicates findings across jobs.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import multiprocessing as mp
 import time
 
@@ -15,12 +16,28 @@ from .. import seeds
 from .campaign import Campaign, Options, stderr_progress
 
 
+def tune_process(device: str) -> None:
+    """Settings for a process that runs campaigns on ``device``: one intra-op thread
+    for a backend whose work is tiny CPU ops (threads only add contention, and the
+    models are batch invariant on one thread), and a garbage collector that does not
+    rescan the libraries' objects at every full collection (``gc.freeze`` after a
+    collection) nor look for cycles every 700 allocations (a run leaves its engine's
+    object graph as cyclic garbage once, and little else; docs/design.md §8)."""
+    from ..device import device_info
+    if device_info(device).cpu_work:
+        import torch
+        torch.set_num_threads(1)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10000, 20, 20)
+
+
 def _job(opts: Options, j: int, verbose: bool) -> dict:
-    import torch
-    torch.set_num_threads(1)
     if verbose:
         opts = dataclasses.replace(opts, progress=lambda line: stderr_progress(f"[job {j}] {line}"))
-    return Campaign(opts).run().summary()
+    campaign = Campaign(opts)
+    tune_process(opts.device)
+    return campaign.run().summary()
 
 
 def _job_entry(args):
@@ -30,13 +47,9 @@ def _job_entry(args):
 def run_jobs(opts: Options, jobs: int) -> dict:
     t0 = time.monotonic()
     if jobs == 1:
-        from ..device import device_info
-        if device_info(opts.device).cpu_work:
-            # the sim runs thousands of tiny CPU ops per step: intra-op threads only add
-            # contention (and the models are batch invariant on one thread)
-            import torch
-            torch.set_num_threads(1)
-        s = Campaign(opts).run().summary()
+        campaign = Campaign(opts)
+        tune_process(opts.device)
+        s = campaign.run().summary()
         s["jobs"] = 1
         return s
     verbose = opts.progress is not None
