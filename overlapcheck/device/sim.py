@@ -62,13 +62,16 @@ class HostFlag:
 
 
 class _Queue:
-    __slots__ = ("ops", "enq", "ret", "known", "stream", "name", "ctx")
+    __slots__ = ("ops", "enq", "ret", "known", "stream", "name", "ctx", "waits")
 
     def __init__(self, stream: Stream):
         self.ops: Deque[_Op] = deque()
         self.enq = 0     # ops enqueued so far
         self.ret = 0     # ops retired so far
         self.known = 0   # ops the host knows to be retired (through a synchronization)
+        # retired waits not yet behind ``known``: (its seq, the stream it waited on, the
+        # ops of that stream it waited for)
+        self.waits: Deque[Tuple[int, int, int]] = deque()
         self.stream, self.name, self.ctx = stream, stream.name, stream.ctx
 
 
@@ -195,9 +198,23 @@ class SimRuntime(Runtime):
                 c = self._decide(len(ready), ready, True)
             self._retire(ready[c])
         for ctx, upto in need.items():
+            assert self._q[ctx].ret >= upto, "the sim could not retire what a synchronization needs"
+            self._learn(ctx, upto)
+
+    def _learn(self, ctx: int, upto: int) -> None:
+        """The host knows stream ``ctx`` retired its first ``upto`` ops, and so, through
+        the waits among them, the work of the streams they waited for."""
+        todo = [(ctx, upto)]
+        while todo:
+            ctx, upto = todo.pop()
             q = self._q[ctx]
-            assert q.ret >= upto, "the sim could not retire what a synchronization needs"
-            q.known = max(q.known, upto)
+            if upto <= q.known:
+                continue
+            q.known = upto
+            waits = q.waits
+            while waits and waits[0][0] < upto:
+                _, other, n = waits.popleft()
+                todo.append((other, n))
 
     def _retire(self, q: _Queue) -> None:
         op = q.ops.popleft()
@@ -212,6 +229,8 @@ class SimRuntime(Runtime):
             dst.t.copy_(src.t)
             if self.det is not None:
                 self._feed(q.ctx, op.clock, op.info, None, op.declared)
+        elif kind == WAIT and op.bound.stream is not None:
+            q.waits.append((op.seq, op.bound.stream.ctx, op.bound.seq + 1))
         op.retired = True
         if self.trace:
             self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
@@ -249,7 +268,7 @@ class SimRuntime(Runtime):
         if not rec.retired:
             return False
         q = self._q[rec.stream.ctx]
-        q.known = max(q.known, rec.seq + 1)
+        self._learn(rec.stream.ctx, rec.seq + 1)
         return True
 
     def _raw_sync_event(self, event: Event) -> None:
