@@ -62,7 +62,10 @@ class KVAccounting(Checker):
     def _drop(self, s: int) -> None:
         own = self.owned.pop(s, None)
         if own is not None:
-            self.by_rid[own[0]].discard(s)
+            held = self.by_rid[own[0]]
+            held.discard(s)
+            if not held:            # a request's empty set would stay for the whole run
+                del self.by_rid[own[0]]
         self.pending.pop(s, None)
 
     def on_Freed(self, ev: E.Freed) -> List[Violation]:
@@ -166,7 +169,7 @@ class KVAccounting(Checker):
                 self._leaks.append((own, s, it, f"pending past batch {until}"))
         if len(self.owned) != snap.owned or len(self.pending) != snap.pending:
             out += self._ledger_diff(snap, it)
-        for r in snap.requests:
+        for r in (snap.requests if snap.live is None else snap.live):   # settled: ended
             if r.state in ("finished", "aborted"):
                 continue
             if not r.committed <= r.allocated <= (snap.row_width or r.allocated):

@@ -124,7 +124,9 @@ class Lifecycle(Checker):
             self.overrun.add(rid)
             v += self._v(ev, rid, f"request {rid} kept a stop token but did not finish",
                          "a finish with reason 'stop' in the same step", "still live", "stop-not-finished")
-        for r in ev.snapshot.requests:
+        snap = ev.snapshot
+        # a request settled before this snapshot keeps its state: the delta is enough
+        for r in (snap.requests if snap.live is None else snap.live):
             prev = self.state.get(r.rid)
             self.state[r.rid] = r.state
             if r.state not in REACH:

@@ -31,6 +31,8 @@ class LogError(ValueError):
 
 
 def _enc(v):
+    if isinstance(v, E.LazyTuple):
+        v = v.get()
     if isinstance(v, E.Snapshot):
         d = {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "ledger"}
         groups = {}

@@ -7,6 +7,7 @@ them and never reach into the engine.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -197,6 +198,55 @@ class RunEnd(Event):
     result: object
 
 
+class LazyTuple(Sequence):
+    """A snapshot field computed when first read: it reads and compares as the tuple
+    ``make()`` returns (pickled as that tuple). The engine hands out fields whose
+    size is the pool's or the run's this way, so that a step costs what changed in
+    it (docs/design.md §5.1); where the state they describe changes later, the engine
+    computes them before the change (``memory.KVPool.view``)."""
+
+    __slots__ = ("_make", "_value", "__weakref__")
+
+    def __init__(self, make: Callable[[], tuple]):
+        self._make, self._value = make, None
+
+    def get(self) -> tuple:
+        v = self._value
+        if v is None:
+            v = self._value = tuple(self._make())
+            self._make = None
+        return v
+
+    def __len__(self) -> int:
+        return len(self.get())
+
+    def __getitem__(self, i):
+        return self.get()[i]
+
+    def __iter__(self):
+        return iter(self.get())
+
+    def __contains__(self, x) -> bool:
+        return x in self.get()
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, LazyTuple):
+            other = other.get()
+        return self.get() == other
+
+    def __hash__(self) -> int:
+        return hash(self.get())
+
+    def __add__(self, other):
+        return self.get() + tuple(other)
+
+    def __repr__(self) -> str:
+        return repr(self.get())
+
+    def __reduce__(self):
+        return tuple, (self.get(),)
+
+
 @dataclass(frozen=True)
 class ReqState:
     rid: RequestId
@@ -211,7 +261,14 @@ class ReqState:
 @dataclass(frozen=True)
 class Snapshot:
     """Host-side state at the end of a step; every count is in KV slots.
-    ``ledger``: (slot, rid, purpose, allocating step) for owned and pending slots."""
+    ``ledger``: (slot, rid, purpose, allocating step) for owned and pending slots;
+    ``requests``: every request so far, by id. ``live``: the requests whose state may
+    have changed since the previous snapshot — every request but those already
+    *settled* then (ended, and in no unprocessed batch: their state never changes
+    again) — by id; None where the target does not say (read ``requests``). The
+    reference engine computes ``ledger``, ``pending_slots``, ``requests`` and
+    ``host_ledger`` when first read (``LazyTuple``), so that a checker that reads the
+    per-step delta pays for the delta only."""
 
     total: int
     free: int
@@ -237,6 +294,7 @@ class Snapshot:
     # (the steady set); empty where the runtime does not count them
     buffers: Tuple[Tuple[str, int], ...] = ()
     steady_buffers: Tuple[Tuple[str, int], ...] = ()
+    live: Optional[Tuple[ReqState, ...]] = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ class Engine:
         self.canary = observer is not None if canary is None else canary
         self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
+        # requests whose state may still change (not ended, or riding a batch), and the
+        # states of those that settled, in the order they did (snapshot)
+        self._unsettled: Dict[int, Request] = {}
+        self._settled: List[E.ReqState] = []
         if rt.graphs:   # cuda graphs: model calls replay once every long-lived buffer exists
             model = GraphedModel(model)
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
@@ -67,7 +71,7 @@ class Engine:
     def add(self, spec: RequestSpec) -> None:
         if spec.rid in self.requests:
             raise ValueError(f"duplicate request id {spec.rid}")
-        r = self.requests[spec.rid] = Request(spec)
+        r = self.requests[spec.rid] = self._unsettled[spec.rid] = Request(spec)
         self._emit(E.Arrived(self.iteration, -1, spec.rid, spec))
         if spec.rid in self._early_aborts:
             self.abort(spec.rid)
@@ -213,19 +217,32 @@ class Engine:
         self._reported = len(reports)
 
     def snapshot(self) -> E.Snapshot:
+        """The step's ``Snapshot``, at a cost that follows what can have changed: the
+        pool-sized ledger fields and the run-sized request list are computed when read
+        (docs/design.md §5.1)."""
         kv, ps = self.mem.kv, self.cfg.page_size
-        ledger = tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(kv.ledger().items()))
-        pending = tuple(sorted(s for b in kv.pending.values() for p in b for s in kv.slots(p)))
-        reqs = tuple(E.ReqState(r.rid, r.state, r.row, r.committed, len(r.pages) * ps,
-                                len(r.output), tuple(r.inflight))
-                     for r in sorted(self.requests.values(), key=lambda r: r.rid))
+        live, unsettled = [], self._unsettled
+        settled_before = len(self._settled)
+        for rid in sorted(unsettled):
+            r = unsettled[rid]
+            st = E.ReqState(rid, r.state, r.row, r.committed, len(r.pages) * ps,
+                            len(r.output), tuple(r.inflight))
+            live.append(st)
+            if not st.inflight and r.done:       # settled: its state is final
+                del unsettled[rid]
+                self._settled.append(st)
+        live = tuple(live)
+        settled = self._settled
         return E.Snapshot(
             total=kv.total * ps, free=kv.free_pages * ps, owned=len(kv.owned) * ps,
-            pending=len(pending), ledger=ledger, pending_slots=pending, requests=reqs,
+            pending=kv.pending_pages * ps, ledger=kv.view(kv.ledger_rows),
+            pending_slots=kv.view(kv.pending_slots),
+            requests=E.LazyTuple(lambda: sorted(settled[:settled_before] + list(live),
+                                                key=_rid)),
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
             page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
-            **self._host_pool(), **self._buffers())
+            live=live, **self._host_pool(), **self._buffers())
 
     def _buffers(self) -> dict:
         """Live runtime buffers and the steady set, for the runtime-memory checker."""
@@ -236,9 +253,9 @@ class Engine:
         host, ps = self.mem.host, self.cfg.page_size
         if host is None:
             return {}
-        ledger = tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(host.ledger().items()))
         return {"host_total": host.total * ps, "host_free": host.free_pages * ps,
-                "host_pending": host.pending_pages * ps, "host_ledger": ledger}
+                "host_pending": host.pending_pages * ps,
+                "host_ledger": host.view(host.ledger_rows)}
 
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
@@ -277,6 +294,10 @@ class Engine:
                 for rid, r in sorted(self.requests.items())}
         return RunResult(reqs, summarize(reqs, self.iteration, self.batches, self.rt.syncs,
                                          self.worker.declared_syncs, len(self.rt.reports)))
+
+
+def _rid(st: E.ReqState) -> int:
+    return st.rid
 
 
 def _canary_fields(rec) -> tuple:

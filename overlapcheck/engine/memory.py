@@ -9,8 +9,9 @@ their reuse is ordered by the WAR barrier on the schedule stream.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from .config import EngineConfig
 from .types import BatchId, RequestId, Step
@@ -38,6 +39,32 @@ class KVPool:
         self.free: List[int] = list(range(self.total, 0, -1))  # a stack: lowest page first
         self.owned: Dict[int, Owner] = {}
         self.pending: Dict[BatchId, Dict[int, Owner]] = {}
+        self._views: list = []    # weak references to views of the pool as it is now
+
+    # -- views ---------------------------------------------------------------------------
+    def view(self, make: Callable[[], tuple]):
+        """``make()`` (a function of the pool's state) as a tuple computed when first
+        read; one still unread when the pool next changes is computed just before
+        (copy on write), so a view reads as the pool was when it was made."""
+        from .events import LazyTuple
+        v = LazyTuple(make)
+        self._views.append(weakref.ref(v))
+        return v
+
+    def _changing(self) -> None:
+        for ref in self._views:
+            v = ref()
+            if v is not None:
+                v.get()
+        self._views.clear()
+
+    def ledger_rows(self) -> tuple:
+        """(slot, rid, purpose, allocating step) of owned and pending slots, by slot."""
+        return tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(self.ledger().items()))
+
+    def pending_slots(self) -> tuple:
+        """The pending-free slots, sorted."""
+        return tuple(sorted(s for b in self.pending.values() for p in b for s in self.slots(p)))
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -59,6 +86,8 @@ class KVPool:
         return 0 <= n <= len(self.free)
 
     def allocate(self, n: int, rid: RequestId, purpose: str, step: Step) -> List[int]:
+        if self._views:
+            self._changing()
         if not self.can_allocate(n):
             raise MemoryError(f"allocate {n} pages for request {rid}: only {len(self.free)} free")
         pages = [self.free.pop() for _ in range(n)]
@@ -69,6 +98,8 @@ class KVPool:
     def release(self, pages: List[int], rid: RequestId, after: Optional[BatchId]) -> List[int]:
         """Take ``rid``'s pages away from it: pending-free until batch ``after`` is
         processed, or free now (``after`` None). Returns the pages freed now."""
+        if self._views:
+            self._changing()
         for p in pages:
             own = self.owned.get(p)
             if own is None or own.rid != rid:
@@ -85,6 +116,8 @@ class KVPool:
 
     def on_processed(self, bid: BatchId) -> List[int]:
         """Batch ``bid``'s result is processed: its pending-free pages become free."""
+        if self._views:
+            self._changing()
         out: List[int] = []
         for key in sorted(k for k in self.pending if k <= bid):
             out.extend(self.pending.pop(key))
