@@ -35,6 +35,9 @@ from .infer import AccessSet, InferMode
 
 
 _EMPTY: frozenset = frozenset()
+# how often (in detector accesses) records every later access is ordered after are
+# forgotten: without it, records of row sets no later access covers pile up (§3.5)
+_PRUNE_EVERY = 2048
 
 
 class AnnotationError(Exception):
@@ -188,6 +191,7 @@ class Runtime:
         # run kernels' host twins where nothing intercepts (CPU backends; tests turn it off)
         self.host_twins = self.cpu_work
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
+        self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
 
     # -- reports ---------------------------------------------------------------------
     @property
@@ -423,8 +427,30 @@ class Runtime:
                         f"launch '{name}' {kind} '{buf.owner}' rows {seen} outside its "
                         f"annotation {sorted(allowed)}")
 
+    def _prune(self, current) -> None:
+        """Let the detector forget records every later access is ordered after: the
+        clocks to come are at least the host's (stream work is enqueued under a join
+        of it), the one of the work being checked (``current``) and those of queued
+        work not yet checked (``_queued_clocks``)."""
+        floor = list(self.det.clocks[0])
+        for clock in (current, *self._queued_clocks()):
+            for i in range(len(floor)):
+                if i >= len(clock):
+                    floor[i] = 0
+                elif clock[i] < floor[i]:
+                    floor[i] = clock[i]
+        self.det.prune(floor)
+        self._prune_at = self.det.accesses + _PRUNE_EVERY
+
+    def _queued_clocks(self):
+        """Clocks of device work queued and not yet checked (a backend that checks work
+        when it runs, as the sim does, has some)."""
+        return ()
+
     def _feed(self, ctx: int, clock, op: OpInfo, acc: Optional[AccessSet],
               declared: Optional[dict]) -> None:
+        if self.det.accesses >= self._prune_at:
+            self._prune(clock)
         access = self.det.access
         raising = self.on_race == "raise"
         if acc is not None:

@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -86,6 +87,7 @@ class SimRuntime(Runtime):
                  on_race: str = "collect"):
         super().__init__(detect=detect, access=access, on_race=on_race)
         self.strategy = strategy
+        self.choices = array("H")    # decisions have few options: two bytes each
         self._q: Dict[int, _Queue] = {}
         self._queues: List[_Queue] = []     # in stream order (the order ``ready`` lists)
         self._opinfo: Dict[str, OpInfo] = {}   # record/wait op names -> their OpInfo
@@ -234,6 +236,12 @@ class SimRuntime(Runtime):
         op.retired = True
         if self.trace:
             self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
+
+    def _queued_clocks(self):
+        for q in self._queues:
+            for op in q.ops:
+                if op.kind == KERNEL or op.kind == COPY:
+                    yield op.clock
 
     def _enqueue(self, s: Stream, kind: str, clock, info, fn=None, args=(), kwargs=None,
                  declared=None, bound=None) -> _Op:

@@ -190,6 +190,22 @@ class Detector:
             m.set_row_owner(e, r, owner)
 
     # -- accesses --------------------------------------------------------------------
+    def prune(self, floor: Clock) -> int:
+        """Forget the records no access to come can race with. ``floor`` bounds from
+        below every clock a later access will run under (the caller's: the host's
+        clock and those of work queued but not yet checked); a record of context c
+        at epoch e with ``floor[c] >= e`` happens before all of them, so it can
+        neither race nor be reported. Returns how many records were dropped."""
+        n, dropped = len(floor), 0
+        for m in self.mem.values():
+            recs = m.records
+            if recs:
+                keep = [r for r in recs if (floor[r[0]] if r[0] < n else 0) < r[1]]
+                if len(keep) != len(recs):
+                    dropped += len(recs) - len(keep)
+                    m.records = keep
+        return dropped
+
     def access(self, ctx: CtxId, mem: MemId, write: bool, rows: Rows, op: OpInfo,
                clock: Optional[Clock] = None) -> Optional[RaceReport]:
         """Check one access and remember it. ``clock`` is the clock the access runs
