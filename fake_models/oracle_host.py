@@ -40,20 +40,18 @@ def term(tokens, positions):
     return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
 
 
-def _nonneg(idx) -> None:
-    """torch's ``gather``/``scatter`` refuse negative indices; numpy would wrap them."""
-    if idx.size and idx.min() < 0:
-        raise IndexError("negative index (torch refuses it)")
-
-
 def kept_sources(n_slots: int, slots, keep):
+    """``kv_store.kept_sources``, comparing the entries with each other (a kernel's
+    few dozen) instead of scattering into a scratch row per slot of the buffer."""
     n = slots.shape[0]
+    if n and (slots.min() < 0 or slots.max() >= n_slots):
+        raise IndexError("slot out of range (torch's scatter refuses it)")
     idx = np.arange(n)
+    if not n:
+        return idx
     cand = np.where(keep, idx, -1)
-    last = np.full((n_slots,), -1, dtype=np.int64)
-    _nonneg(slots)
-    np.maximum.at(last, slots, cand)
-    return np.where(keep, idx, last[slots])
+    last = np.where(slots[:, None] == slots, cand, -1).max(1)
+    return np.where(keep, idx, last)
 
 
 def store(dst, slots, new, src=None) -> None:

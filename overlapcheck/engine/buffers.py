@@ -41,7 +41,7 @@ class DeviceState:
         self.tgt = rt.empty((bs, w), i64, "target_tokens", self.fwd)
         # double-buffered pinned staging (host -> device) and results (device -> host)
         self.meta_pin = [rt.host_empty((bs, META), i64, f"meta_pinned{p}") for p in (0, 1)]
-        self.cells_pin = [rt.host_empty((cfg.pool_tokens, 3), i64, f"cells_pinned{p}")
+        self.cells_pin = [rt.host_empty((cfg.staged_cells, 3), i64, f"cells_pinned{p}")
                           for p in (0, 1)]
         self.ptok_pin = [rt.host_empty((cfg.chunk_size, 4), i64, f"prefill_tokens_pinned{p}")
                          for p in (0, 1)]
@@ -73,7 +73,7 @@ class DeviceState:
         rt.launch(self.sched, torch.Tensor.zero_, self.host_table.t, name="zero_host_table",
                   writes=[self.host_table])
         self.row_buffers.append(self.host_table)
-        self.hcells_pin = [rt.host_empty((cfg.pool_tokens, 3), i64, f"host_cells_pinned{p}")
+        self.hcells_pin = [rt.host_empty((cfg.staged_cells, 3), i64, f"host_cells_pinned{p}")
                            for p in (0, 1)]
         self.forward_done = rt.new_event("forward_done")
         self.backup_done = rt.new_event("backup_done")

@@ -130,3 +130,16 @@ class EngineConfig:
     def pages(self) -> int:
         """Allocatable pages (page 0 is the padding page)."""
         return self.pool_tokens // self.page_size - 1
+
+    @property
+    def staged_cells(self) -> int:
+        """Rows of the pinned request->token cell staging buffers: the pool's slots, or,
+        for a pool above 4096 slots, the most cells one step can stage (every row of the
+        table for each running request: cells past the table's end are not staged), so
+        that staging costs what a step allocates, not the pool's size. A pool of up to
+        4096 slots (every config the fuzzer draws) keeps the pool's size: the size of
+        the per-step buffers decides which freed blocks the sim hands out, and recorded
+        runs replay as they were."""
+        if self.pool_tokens <= 4096:
+            return self.pool_tokens
+        return min(self.pool_tokens, max(4096, self.max_running ** 2 * self.row_width))
