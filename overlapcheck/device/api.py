@@ -188,8 +188,8 @@ class Runtime:
         self.launches = 0
         self.choices: List[int] = []   # recorded scheduling decisions (replayable backends)
         self._infos: Dict[tuple, OpInfo] = {}   # (name, frame, copy) -> its OpInfo, shared
-        # run kernels' host twins where nothing intercepts (CPU backends; tests turn it off)
-        self.host_twins = self.cpu_work
+        # run kernels' host twins where nothing intercepts (CPU work, no graphed model calls)
+        self.host_twins = self.cpu_work and not self.graphs
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
         self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
 
