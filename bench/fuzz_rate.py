@@ -1,14 +1,20 @@
-"""Fuzz throughput: examples/s and engine steps/s with 1 and 2 processes.
+"""Fuzz throughput: examples/s and engine steps/s with 1, 2, ... processes, and how far
+N processes are from N times one.
 
-    python bench/fuzz_rate.py [--seconds S] [--jobs 1,2] [--json]
+    python bench/fuzz_rate.py [--seconds S] [--jobs 1,2,4,8,16] [--seed S] [--json]
 
-Runs a time-boxed campaign on the sim with the oracle model and every checker on,
-once per job count, and prints the rates side by side.
+Runs a time-boxed campaign on the sim with the oracle model and every checker on, once
+per job count (``overlapcheck fuzz --jobs N``), and prints per count the wall-clock rate
+(start-up of the worker processes included), the rate per CPU second of the campaigns,
+and ``ratio`` = steps/s with N jobs / (N x steps/s with one job): the goal is at least
+0.8 on a machine with N free cores. One job runs in this process, as ``overlapcheck
+fuzz`` runs it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from overlapcheck.fuzz.campaign import Options
 from overlapcheck.fuzz.jobs import run_jobs
@@ -24,19 +30,29 @@ def main() -> None:
     rows = []
     for jobs in [int(x) for x in args.jobs.split(",") if x]:
         s = run_jobs(Options(seconds=args.seconds, seed=args.seed, out=None), jobs)
+        cpu = s.get("cpu_seconds") or 0.0
         rows.append({"jobs": jobs, "seconds": s["seconds"], "examples": s["examples"],
                      "steps": s["steps"],
                      "examples_per_s": round(s["examples"] / s["seconds"], 2),
                      "steps_per_s": round(s["steps"] / s["seconds"], 1),
+                     "steps_per_cpu_s": round(s["steps"] / cpu, 1) if cpu else None,
                      "findings": len(s["findings"])})
+    one = next((r["steps_per_s"] for r in rows if r["jobs"] == 1), None)
+    for r in rows:
+        r["ratio"] = round(r["steps_per_s"] / (r["jobs"] * one), 3) if one else None
     if args.json:
         print(json.dumps(rows, indent=1))
         return
+    print(f"cores: {os.cpu_count()}, load average at the end: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'jobs':>4} {'seconds':>8} {'examples':>9} {'examples/s':>11} {'steps':>8} "
-          f"{'steps/s':>8} {'findings':>9}")
+          f"{'steps/s':>8} {'per CPU s':>10} {'ratio':>6} {'findings':>9}")
     for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        cpu = "-" if r["steps_per_cpu_s"] is None else f"{r['steps_per_cpu_s']:.0f}"
         print(f"{r['jobs']:4d} {r['seconds']:8.1f} {r['examples']:9d} {r['examples_per_s']:11.2f} "
-              f"{r['steps']:8d} {r['steps_per_s']:8.1f} {r['findings']:9d}")
+              f"{r['steps']:8d} {r['steps_per_s']:8.1f} {cpu:>10} {ratio:>6} {r['findings']:9d}")
+    print("ratio = steps/s with N jobs / (N x steps/s with one job)")
 
 
 if __name__ == "__main__":

@@ -66,10 +66,17 @@ class Stats:
     steps: int = 0
     runs: int = 0
     started: float = field(default_factory=time.monotonic)
+    cpu_started: float = field(default_factory=time.process_time)
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time of this process since the campaign began (a fair rate on a machine
+        shared with other work)."""
+        return time.process_time() - self.cpu_started
 
 
 @dataclass
@@ -234,6 +241,7 @@ class Campaign:
                 "engine_version": self.engine_version, "examples": s.examples,
                 "steps": s.steps, "seconds": round(s.seconds, 2),
                 "steps_per_second": round(s.steps / s.seconds, 1) if s.seconds else 0.0,
+                "cpu_seconds": round(s.cpu_seconds, 2),
                 "hypothesis_runs": s.runs, "shrink_runs": s.shrink_runs,
                 "replayed": self.replayed,
                 "findings": [finding_summary(x) for x in self.found.values()]}

@@ -161,9 +161,11 @@ def _check_shared_db(url: str) -> None:
 
 def _print_summary(s: dict) -> None:
     what = s["device"] if s["target"] == "reference" else f"{s['target']} {s['engine_version']}"
+    cpu = s.get("cpu_seconds")
+    per_cpu = f", {s['steps'] / cpu:.0f} per CPU second" if cpu else ""
     print(f"fuzz ({what}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
-          f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} steps/s), "
-          f"{len(s['findings'])} finding(s)")
+          f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} "
+          f"steps/s{per_cpu}), {len(s['findings'])} finding(s)")
     for f in s["findings"]:
         where = f" -> {f['repro']}" if f.get("repro") else ""
         print(f"  {f['id']}: {f['text'].splitlines()[0]}{where}")

@@ -44,6 +44,20 @@ def _job_entry(args):
     return _job(*args)
 
 
+def _context():
+    """Worker processes forked from a server that imported the campaign's modules once
+    (with ``spawn`` each of N workers spends seconds importing them again; a fork of
+    the parent could inherit its threads). The server itself runs no torch op."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
+                                "overlapcheck.targets.reference", "overlapcheck.engine.tp",
+                                "overlapcheck.engine.kernels_host", "fake_models",
+                                "fake_models.oracle_host", "invariants.base"])
+    return ctx
+
+
 def run_jobs(opts: Options, jobs: int) -> dict:
     t0 = time.monotonic()
     if jobs == 1:
@@ -54,7 +68,7 @@ def run_jobs(opts: Options, jobs: int) -> dict:
         return s
     verbose = opts.progress is not None
     per = [(o, j, verbose) for j, o in enumerate(job_options(opts, jobs))]
-    with mp.get_context("spawn").Pool(jobs) as pool:
+    with _context().Pool(jobs) as pool:
         parts = pool.map(_job_entry, per)
     return merge(opts, parts, time.monotonic() - t0, jobs)
 
@@ -87,6 +101,7 @@ def merge(opts: Options, parts: list, secs: float, jobs: int) -> dict:
             "engine_version": parts[0]["engine_version"] if parts else "", "jobs": jobs,
             "examples": sum(p["examples"] for p in parts), "steps": steps,
             "seconds": round(secs, 2), "steps_per_second": round(steps / secs, 1) if secs else 0.0,
+            "cpu_seconds": round(sum(p.get("cpu_seconds", 0.0) for p in parts), 2),
             "hypothesis_runs": sum(p["hypothesis_runs"] for p in parts),
             "shrink_runs": sum(p["shrink_runs"] for p in parts),
             "replayed": sum(p.get("replayed", 0) for p in parts), "findings": merged}
