@@ -59,10 +59,12 @@ class Properties:
                                                           faults=self.faults))
         return self._strategies[key]
 
-    def exception_for(self, key: tuple) -> type:
-        if key not in self._types:
-            self._types[key] = type(f"Finding{len(self._types)}", (AssertionError,), {})
-        return self._types[key]
+    def exception_for(self, f) -> type:
+        """The exception type of finding ``f``'s (checker, site), named by its id (what
+        Hypothesis and HypoFuzz show a failure as)."""
+        if f.key not in self._types:
+            self._types[f.key] = type(f.ident, (AssertionError,), {})
+        return self._types[f.key]
 
     def _keep(self, path: str, size: tuple) -> bool:
         """Is a case of ``size`` smaller than the repro at ``path``?"""
@@ -92,7 +94,7 @@ class Properties:
                     print(f"overlapcheck: finding {f.ident}: {f.text.splitlines()[0]} -> {path}",
                           file=sys.__stderr__, flush=True)
         f = out.findings[0]
-        raise self.exception_for(f.key)(f.text)
+        raise self.exception_for(f)(f.text)
 
 
 @pytest.fixture(scope="session")
