@@ -12,7 +12,8 @@ a fixed seed and example budget, N slices find what ``-j N`` finds.
 * **Time box.** ``--time T`` counts from the command's start: the cluster's start,
   the workers' start and imports are inside it. Each slice gets what is left of T
   when it starts (shrinking ends with it, plus ``--shrink-time``); a slice still
-  running ``GRACE_S`` seconds after that is cancelled and reported as lost.
+  running ``GRACE_S`` seconds after that is cancelled and reported as lost. The end
+  is sent as wall-clock time: the nodes' clocks are taken to agree (NTP).
 * **Lost workers.** A slice whose worker dies is rerun once by Ray (the same seed, on
   what is left of the time box); dying again, it is reported as lost. Exit 1 then.
 * **Addresses.** ``local:N`` starts a cluster of N worker CPUs on this machine (on the
