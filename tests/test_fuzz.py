@@ -101,3 +101,17 @@ def test_plugin_fixtures_on_a_clean_config(overlapcheck_run, overlapcheck_fuzz):
     out = overlapcheck_run(CFG, generate(8, 5, CFG))
     assert out.result.summary.finished + out.result.summary.aborts == 5
     overlapcheck_fuzz(CFG, examples=8)
+
+
+def test_known_findings_are_not_reported_again(tmp_path):
+    """``fuzz --known REPROS``: a campaign skips the (checker, site) of findings already
+    filed, so a night looks for other bugs; other findings still show."""
+    from overlapcheck.cli import main
+    from overlapcheck.fuzz.campaign import Campaign, Options
+    opts = dict(seconds=None, examples=8, faults=("teardown-skips-draft",))
+    first = Campaign(Options(out=str(tmp_path / "a"), **opts)).run().summary()
+    keys = {(f["checker"],) + tuple(f["site"]) for f in first["findings"]}
+    assert keys
+    again = Campaign(Options(known=frozenset(keys), **opts)).run().summary()
+    assert not keys & {(f["checker"],) + tuple(f["site"]) for f in again["findings"]}
+    assert main(["fuzz", "--known", str(tmp_path / "missing"), "--examples", "1"]) == 2

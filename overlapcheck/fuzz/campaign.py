@@ -56,6 +56,9 @@ class Options:
     shrink_seconds: Optional[float] = None
     progress: Optional[Callable[[str], None]] = None
     shared_db: Optional[str] = None   # redis://HOST:PORT[/N], multiplexed with ``db``
+    # (checker, site) keys of findings already known (``--known`` repros): they neither
+    # fail an example nor are reported, so a campaign looks for other bugs
+    known: frozenset = frozenset()
     on_finding: Optional[Callable[["Found"], None]] = None   # each finding, once recorded
 
 
@@ -183,7 +186,8 @@ class Campaign:
                 self.stats.examples += 1
             self.stats.steps += out.steps
             self._progress()
-            fresh = [f for f in out.findings if f.key not in self.found]
+            fresh = [f for f in out.findings
+                     if f.key not in self.found and f.key not in self.opts.known]
             if fresh:
                 failing.append(time.monotonic())
                 for f in fresh:  # keep when it first failed; the case is the latest (shrunk)

@@ -53,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run the campaign's slices on a Ray cluster: HOST:PORT, ray://HOST:PORT, "
                         "auto (the running cluster), or local:N (a local cluster of N workers)")
+    p.add_argument("--known", action="append", default=[], metavar="REPRO|DIR",
+                   help="findings already known (a repro file, or a folder of them; "
+                        "repeatable): their (checker, site) is not reported again")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -120,7 +123,31 @@ def _options(args):
     return Options(seconds=seconds, examples=args.examples, seed=args.seed, device=args.device,
                    target=args.target, models=(args.model,) if args.model else None,
                    draft_kinds=kinds, checks=checks, faults=faults,
-                   out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db)
+                   out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db,
+                   known=_known(args.known, args.target))
+
+
+def _known(paths, target: str) -> frozenset:
+    """The (checker, site) keys of the repros at ``paths`` (files or folders of
+    ``*.yaml``), which must be repros of ``target``; a bad file is a usage error."""
+    import glob
+    import os
+    from ..errors import UsageError
+    from ..repro.format import ReproError, load
+    keys = set()
+    for path in paths:
+        files = sorted(glob.glob(os.path.join(path, "*.yaml"))) if os.path.isdir(path) else [path]
+        if not files:
+            raise UsageError(f"--known {path}: no repro files (*.yaml) there")
+        for f in files:
+            try:
+                r = load(f)
+            except ReproError as e:
+                raise UsageError(f"--known: {e}") from None
+            if r.case.target != target:
+                raise UsageError(f"--known {f}: a repro of target {r.case.target}, not {target}")
+            keys.add(r.finding.key)
+    return frozenset(keys)
 
 
 def _check_faults(faults, target: str = "reference") -> None:
