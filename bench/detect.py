@@ -51,13 +51,13 @@ def _warm(target: str) -> None:
 
 def _campaign(job: tuple) -> dict:
     """One cold-start campaign; returns its findings, reduced to what the table needs."""
-    name, seed, seconds, checks, shrink, target = job
+    name, seed, seconds, checks, shrink, target, known = job
     import torch
     torch.set_num_threads(1)
     from overlapcheck.fuzz.campaign import Campaign, Options
     with tempfile.TemporaryDirectory() as out:
         c = Campaign(Options(seconds=seconds, seed=seed, checks=checks, out=out,
-                             shrink_seconds=shrink, target=target,
+                             shrink_seconds=shrink, target=target, known=known,
                              faults=() if name == CLEAN else (name,))).run()
         s = c.summary()
     keep = ("checker", "examples_before", "seconds_before", "steps_before", "repro_steps",
@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="campaigns (seeds) per fault")
     ap.add_argument("--jobs", type=int, default=2, help="campaigns in parallel")
     ap.add_argument("--fault", action="append", default=[], help="only these faults")
+    ap.add_argument("--known", action="append", default=[], metavar="REPRO|DIR",
+                    help="findings the engine is known to have (repros): not counted")
     ap.add_argument("--json", default="detect.json", help="where the results go")
     args = ap.parse_args(argv)
     from invariants.base import names_for
@@ -130,16 +132,22 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown fault {unknown[0]!r} of target {args.target}")
     names = args.fault or sorted(FAULTS)
-    jobs = [(n, s, args.seconds, (), args.shrink, args.target) for n in names + [CLEAN]
+    from overlapcheck.errors import UsageError
+    from overlapcheck.fuzz.command import _known
+    try:
+        known = _known(args.known, args.target)
+    except UsageError as e:
+        ap.error(str(e))
+    jobs = [(n, s, args.seconds, (), args.shrink, args.target, known) for n in names + [CLEAN]
             for s in range(args.runs)]
     no_race = tuple(c for c in names_for(args.target) if c not in RACE_CHECKERS)
     off = [n for n in RACE_OFF_FAULTS if n in names]
-    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink, args.target) for n in off
+    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink, args.target, known) for n in off
              for s in range(args.runs)]
     with Pool(args.jobs, initializer=_warm, initargs=(args.target,)) as pool:
         results = pool.map(_campaign, jobs, chunksize=1)
     by = {}
-    for (n, _, _, checks, _, _), r in zip(jobs, results):
+    for (n, _, _, checks, _, _, _), r in zip(jobs, results):
         by.setdefault((n, bool(checks)), []).append(r)
     rows = []
     for n in names:
