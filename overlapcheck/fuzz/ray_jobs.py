@@ -30,10 +30,10 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-from .campaign import Options, finding_summary
-from .jobs import job_options, merge
+if TYPE_CHECKING:
+    from .campaign import Options
 
 GRACE_S = 5.0          # how long past its time box a slice may take to return
 POLL_S = 0.5
@@ -43,7 +43,9 @@ SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"    # "0": every Ray address
 
 class Collector:
     """The actor slices stream to: ``put`` appends, ``take`` hands over what came
-    since the last ``take``."""
+    since the last ``take``. (Its process imports this module alone, which is why the
+    campaign's modules are imported where they are used: an actor that imported the
+    engine would take seconds of CPU from the slices at every campaign's start.)"""
 
     def __init__(self):
         self._items: List[dict] = []
@@ -110,9 +112,8 @@ def connect(address: str) -> bool:
 def _slice(opts: Options, j: int, deadline: Optional[float], collector, verbose: bool) -> dict:
     """One slice on a worker: a campaign on what is left of the time box, each finding
     sent to ``collector`` with its repro documents as it is recorded."""
-    import torch
-    from .campaign import Campaign
-    torch.set_num_threads(1)
+    from .campaign import Campaign, finding_summary
+    from .jobs import tune_process
     collector.put.remote({"kind": "start", "slice": j, "host": socket.gethostname(),
                           "pid": os.getpid()})
     if deadline is not None:
@@ -135,7 +136,9 @@ def _slice(opts: Options, j: int, deadline: Optional[float], collector, verbose:
     with tempfile.TemporaryDirectory(prefix="overlapcheck-slice-") as tmp:
         opts = dataclasses.replace(opts, out=tmp, on_finding=on_finding,
                                    progress=progress if verbose else None)
-        summary = Campaign(opts).run().summary()
+        campaign = Campaign(opts)
+        tune_process(opts.device)      # as a -j worker process
+        summary = campaign.run().summary()
     for f in summary["findings"]:
         f["repro"] = None      # the driver's copy is the one that counts
     return summary
@@ -151,6 +154,7 @@ class _Driver:
         self.collector = ray.remote(num_cpus=0)(Collector).remote()
         task = ray.remote(num_cpus=1, max_retries=1, retry_exceptions=False)(_slice)
         verbose = opts.progress is not None
+        from .jobs import job_options
         self.pending = {task.remote(o, j, deadline, self.collector, verbose): j
                         for j, o in enumerate(job_options(opts, slices))}
         self.parts: List[dict] = []
@@ -213,6 +217,7 @@ class _Driver:
         self.say(f"[slice {j}] lost: {why}")
 
     def summary(self, secs: float, slices: int) -> dict:
+        from .jobs import merge
         s = merge(self.opts, self.parts, secs, slices)
         # findings streamed by slices that were lost later, and the driver's repro paths
         by_id = {f["id"]: f for f in s["findings"]}
