@@ -1,6 +1,7 @@
 """Checker cost on the sim, oracle model: engine steps per second unchecked (no
-observer) and checked (all checkers, parity reference precomputed), their ratio, and
-the time each checker spends per step. Prints figures; asserts nothing.
+observer) and checked (all checkers with the target's context, parity reference
+precomputed, a fresh golden reference per run), their ratio, and the time each checker
+spends per step. Prints figures; asserts nothing.
 
     python bench/checkers.py [--requests N] [--seed S] [--repeat R]
 """
@@ -12,7 +13,9 @@ import time
 import torch
 
 from fake_models import OracleModel
+from fake_models.golden import Golden
 from invariants import make_checkers
+from overlapcheck import targets
 from overlapcheck.run import Case, Monitor, reference_run
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine, EngineConfig, generate
@@ -57,7 +60,11 @@ def main() -> None:
         plain = min(run(cfg, wl, args.seed, None) for _ in range(args.repeat))
         best, timed = None, None
         for _ in range(args.repeat):
-            ts = [Timed(c) for c in make_checkers(reference=ref)]
+            # the target's checker context, with a golden reference that has seen nothing
+            # yet (its cache would otherwise make the repeats cheaper than a first run)
+            ctx = {**targets.get("reference").checker_context(cfg),
+                   "model_golden": Golden(cfg.model, cfg.row_width)}
+            ts = [Timed(c) for c in make_checkers(reference=ref, **ctx)]
             mon = Monitor(ts)
             got = run(cfg, wl, args.seed, mon)
             assert not mon.finish(), "a clean run reported violations"
