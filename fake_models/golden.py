@@ -30,11 +30,16 @@ from .golden_torch import ModelRequest
 from .oracle import OracleModel
 
 CACHED_REQUESTS = 512
+# the draft kinds with a golden draft written here (a kind added to the engine's registry
+# alone is not predicted: accept-oracle stays idle on it until its golden draft lands)
+GOLDEN_KINDS = ("standalone", "eagle", "mtp")
 
 
 class Golden:
     """The golden reference of model ``model`` (a name ``make_model`` knows, or a model
     object) for contexts up to ``width`` tokens (the engine's row width)."""
+
+    kinds = GOLDEN_KINDS
 
     def __init__(self, model, width: int, cached: int = CACHED_REQUESTS):
         if isinstance(model, str):

@@ -24,7 +24,9 @@ verifies from the first whose accept length (with ``parity_accept``) or tokens d
 from the reference's are parity's finding; this checker judges what both runs share.
 
 Context: ``model_golden`` and ``engine_config`` (``spec``, ``spec_steps``,
-``draft_kind``); without them the checker is idle; ``reference`` and ``parity_accept``
+``draft_kind``); without them, or for a draft kind with no golden draft
+(``fake_models.golden.GOLDEN_KINDS``: a kind added to the engine's registry alone), the
+checker is idle; ``reference`` and ``parity_accept``
 (parity's) when given.
 """
 from __future__ import annotations
@@ -46,11 +48,12 @@ class AcceptOracle(Checker):
                  parity_accept: bool = True, **context) -> None:
         super().__init__()
         cfg = engine_config
-        self.golden = model_golden if cfg is not None else None
-        self.ref = reference.requests if reference is not None else None
-        self.ref_accept = parity_accept
         self.k = cfg.spec_steps if cfg is not None and cfg.spec else 0
         self.kind = getattr(cfg, "draft_kind", "")
+        predicted = not self.k or self.kind in getattr(model_golden, "kinds", ())
+        self.golden = model_golden if cfg is not None and predicted else None
+        self.ref = reference.requests if reference is not None else None
+        self.ref_accept = parity_accept
         self.specs: Dict[int, object] = {}
         self.out: Dict[int, List[int]] = {}
         # per request: (verify index, L, accept length, tokens kept, batch, step)
