@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 from typing import List, Optional
 
 from .errors import EXIT_USAGE, UsageError
+
+# the command's start: a time box (``fuzz --time``) counts start-up against its budget
+STARTED = time.monotonic()
 
 # subcommand name -> module providing register(subparsers); a module may register
 # several subcommands, and is registered once

@@ -56,6 +56,9 @@ class Options:
     shrink_seconds: Optional[float] = None
     progress: Optional[Callable[[str], None]] = None
     shared_db: Optional[str] = None   # redis://HOST:PORT[/N], multiplexed with ``db``
+    # where the time box starts (a ``time.monotonic()`` of this machine; None: when the
+    # campaign is built): the command's start, so start-up counts against ``seconds``
+    started: Optional[float] = None
     # (checker, site) keys of findings already known (``--known`` repros): they neither
     # fail an example nor are reported, so a campaign looks for other bugs
     known: frozenset = frozenset()
@@ -74,6 +77,10 @@ class Stats:
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
+
+    def spent(self, since: Optional[float]) -> float:
+        """Seconds since ``since`` (the time box's start), or since the campaign began."""
+        return time.monotonic() - (self.started if since is None else since)
 
     @property
     def cpu_seconds(self) -> float:
@@ -128,13 +135,13 @@ class Campaign:
         o = self.opts
         if o.examples is not None and self.stats.examples >= o.examples:
             return True
-        return o.seconds is not None and self.stats.seconds >= o.seconds
+        return o.seconds is not None and self.stats.spent(o.started) >= o.seconds
 
     def _shrink_over(self, first_failed: float) -> bool:
         """Is this run's shrinking out of time?"""
         o = self.opts
         if o.seconds is not None:
-            return self.stats.seconds >= o.seconds + (o.shrink_seconds or 0.0)
+            return self.stats.spent(o.started) >= o.seconds + (o.shrink_seconds or 0.0)
         return o.shrink_seconds is not None and time.monotonic() - first_failed > o.shrink_seconds
 
     def _progress(self, force: bool = False) -> None:

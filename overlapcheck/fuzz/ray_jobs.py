@@ -117,7 +117,8 @@ def _slice(opts: Options, j: int, deadline: Optional[float], collector, verbose:
     collector.put.remote({"kind": "start", "slice": j, "host": socket.gethostname(),
                           "pid": os.getpid()})
     if deadline is not None:
-        opts = dataclasses.replace(opts, seconds=max(deadline - time.time(), 0.01))
+        # another host's monotonic clock: the slice's box is what is left of the wall one
+        opts = dataclasses.replace(opts, seconds=max(deadline - time.time(), 0.01), started=None)
 
     def on_finding(found) -> None:
         docs = {}
