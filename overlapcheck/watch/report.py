@@ -16,6 +16,7 @@ from ..race import HOST, RaceReport
 from ..race import report as R
 
 _VERB = {True: "writes", False: "reads"}
+CHECKER = "watch"
 
 
 def _stream_handle(v) -> Optional[int]:
@@ -84,8 +85,20 @@ class WatchReport:
         """Identity for deduplication: the kind and the two lines."""
         return (self.kind, self.current["frame"], self.previous["frame"])
 
+    def finding(self):
+        """This race as a finding of checker ``watch`` with site (kind, the two lines):
+        the id, deduplication and JSON form every other finding has, so a CI job can
+        track watch races beside fuzz findings (docs/design.md §9.2)."""
+        from ..run.finding import Finding
+        return Finding(CHECKER, self.key, 0, str(self), self.to_json())
+
+    @property
+    def ident(self) -> str:
+        from ..run.finding import Finding
+        return Finding(CHECKER, self.key, 0, "").ident
+
     def __str__(self) -> str:
-        lines = [f"race ({self.kind}) on {self.memory} ({self.rows}):"]
+        lines = [f"race ({self.kind}) on {self.memory} ({self.rows}) [{self.ident}]:"]
         for tag, a in (("now: ", self.current), ("prev:", self.previous)):
             lines.append(f"  {tag} {a['context']} {_VERB[bool(a['write'])]} it in "
                          f"'{a['op']}' at {a['frame']}")
@@ -99,7 +112,7 @@ class WatchReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "memory": self.memory, "rows": self.rows,
+        return {"id": self.ident, "kind": self.kind, "memory": self.memory, "rows": self.rows,
                 "current": dict(self.current, stack=list(self.current["stack"])),
                 "previous": dict(self.previous, stack=list(self.previous["stack"])),
                 "missing_edge": self.missing_edge, "count": self.count}

@@ -123,6 +123,23 @@ def test_json_report(tmp_path):
     assert race["missing_edge"].startswith("add `s.synchronize()`")
 
 
+def test_a_race_is_a_finding_with_a_stable_id():
+    """The same race seen by two sessions is one finding id; another race is another."""
+    ids = []
+    def other():
+        np.asarray(_copy_into_pinned()[0])
+
+    for program in (read_before_copy, read_before_copy, other):
+        with watch(device="cpu", mode="log") as w:
+            program()
+        (r,) = w.reports
+        f = r.finding()
+        assert f.checker == "watch" and f.site == r.key and f.ident == r.ident
+        assert f.ident in str(r) and r.to_json()["id"] == f.ident
+        ids.append(f.ident)
+    assert ids[0] == ids[1] != ids[2]
+
+
 def test_watch_contexts_do_not_nest():
     with watch(device="cpu"):
         with pytest.raises(RuntimeError, match="nest"):
