@@ -10,11 +10,17 @@ sync debug mode, GPU kernel time from the profiler, and a one-step profile table
   inside a kernel closure) is a host sync the runtime's count misses.
 * ``kernel_busy_us``: the union of the device intervals (kernels, copies, memsets) a
   profiler saw, in microseconds: time the GPU was busy on any stream.
+* ``gpu_info``/``gpu_line``: the card a figure came from (docs/design.md §8.1): its name,
+  memory and SM count from ``torch.cuda``, and, where ``nvidia-smi`` is present, the
+  driver, clocks (SM now and max, memory), P-state, temperature, power and the active
+  clock event reasons (throttling); taken at the start and the end of a bench.
 """
 from __future__ import annotations
 
 import collections
 import os
+import shutil
+import subprocess
 import traceback
 import warnings
 
@@ -107,3 +113,62 @@ def table(prof, device: str, rows: int = 15) -> str:
         return prof.key_averages().table(sort_by=key, row_limit=rows)
     except (KeyError, AttributeError, ValueError):
         return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+SMI_FIELDS = ("name", "driver_version", "pstate", "clocks.sm", "clocks.max.sm", "clocks.mem",
+              "clocks.max.mem", "temperature.gpu", "power.draw", "power.limit",
+              "clocks_event_reasons.active")
+
+
+def _smi(fields, index: int):
+    out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(fields)}",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+    if out.returncode != 0:
+        return None
+    vals = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")] if out.stdout.strip() else []
+    return dict(zip(fields, vals)) if len(vals) == len(fields) else None
+
+
+def gpu_info(device: str) -> dict | None:
+    """The card and its state now (None off the GPU); fields nvidia-smi does not know on
+    this driver are left out (queried one by one when the whole query fails)."""
+    if not device_info(device).gpu:
+        return None
+    i = torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(i)
+    info = {"name": torch.cuda.get_device_name(i), "capability": f"{p.major}.{p.minor}",
+            "memory_gib": round(p.total_memory / 2 ** 30, 1), "sms": p.multi_processor_count,
+            "torch_cuda": torch.version.cuda}
+    if shutil.which("nvidia-smi"):
+        try:
+            smi = _smi(SMI_FIELDS, i)
+            if smi is None:
+                smi = {}
+                for f in SMI_FIELDS:
+                    smi.update(_smi((f,), i) or {})
+            info["smi"] = {k: v for k, v in smi.items() if v and "N/A" not in v and "[" not in v}
+        except (OSError, subprocess.SubprocessError) as e:
+            info["smi"] = {"error": str(e)[:200]}
+    else:
+        info["smi"] = {"note": "nvidia-smi not on PATH"}
+    return info
+
+
+def gpu_line(info: dict | None) -> str:
+    """One line for a bench's output."""
+    if info is None:
+        return "gpu: none (simulated device)"
+    s = info.get("smi", {})
+    parts = [info["name"], f"{info['memory_gib']} GiB", f"{info['sms']} SMs", f"CUDA {info['torch_cuda']}"]
+    if "driver_version" in s:
+        parts.append(f"driver {s['driver_version']}")
+    if "clocks.sm" in s:
+        parts.append(f"SM {s['clocks.sm']}/{s.get('clocks.max.sm', '?')} MHz")
+    if "clocks.mem" in s:
+        parts.append(f"mem {s['clocks.mem']} MHz")
+    for k, unit in (("pstate", ""), ("temperature.gpu", " C"), ("power.draw", " W")):
+        if k in s:
+            parts.append(f"{s[k]}{unit}")
+    if "clocks_event_reasons.active" in s:
+        parts.append(f"clock events {s['clocks_event_reasons.active']}")
+    return "gpu: " + ", ".join(parts)

@@ -2,20 +2,27 @@
 side, host syncs per steady decode step, GPU busy fraction and checker overhead, per model
 and batch size. Prints a table and writes ``gpu_overlap.json`` under ``--out``.
 
-    python bench/gpu_overlap.py --device cuda --out bench-out     # 2-3 min on one H100
+    python bench/gpu_overlap.py --device cuda --out bench-out     # several minutes on one H100
     python bench/gpu_overlap.py --device cuda --models trained --batch 8 --repeat 1 --profile
     python bench/gpu_overlap.py --device sim --models random:tiny-qwen3 --batch 2 --steps 2 \
         --repeat 1 --row-width 24 --prompt 3 --spec-steps 1 --page-size 4 --out /tmp/b   # smoke
 
-Method. A workload of B requests that arrive together (short prompts, one prefill batch,
-outputs to the row's end, no stop tokens) reaches steady decode once every request is
-running; after ``--settle`` more steps a window of ``--steps`` steps is timed between two
-device synchronizations (tokens/s = tokens committed in the window / its wall time) and the
-run stops. Modes: ``overlap`` and ``non-overlap`` (no observer, race detector off),
-``checked`` (every checker; parity against a non-overlap run a few steps longer; detector
-off) and ``checked+detector``. After a warm-up run per mode, each is repeated ``--repeat``
-times, interleaved; medians are reported, with the violations checked runs saw (a real-size
-model's step is ~20k eager ops: the default window is short so the default run stays short).
+Method (docs/design.md §8.1). A workload of B requests that arrive together (short prompts,
+one prefill batch, outputs to the row's end, no stop tokens) reaches steady decode once
+every request is running; after ``--settle`` more steps, windows of ``--steps`` steps are
+timed, each between two device synchronizations, until two consecutive windows' rates
+agree within ``--tol`` (at most ``--max-windows``); the run's figure is over those last
+two windows (tokens/s = tokens committed / wall time) and the run stops. Modes:
+``overlap`` and ``non-overlap`` (no observer, race detector off), ``checked`` (every
+checker; parity against a non-overlap run a few steps longer; detector off) and
+``checked+detector``. Warm-up rounds (one run of every mode each) go on until every mode's
+rate agrees with its previous round's within ``--tol`` (2 to ``--warmup-rounds``); then
+``--repeat`` measured rounds, the start order alternating (forward, backward, ...: ABBA
+for two modes) so a drift over the session falls on every mode alike. Each figure is the
+median over the rounds with its min-max beside it; a ratio (overlap/non-overlap,
+checked/unchecked) is the median of each round's own ratio, with their min-max. The card,
+its driver and clocks (``torch.cuda``, ``nvidia-smi``) are printed at the start and the
+end and kept in the JSON (``gpu``, ``gpu_end``).
 Syncs per step: the runtime's count (``rt.syncs``; hidden = beyond the engine's declared
 waits) and, on cuda, the real ones seen by ``torch.cuda.set_sync_debug_mode("warn")`` in a
 separate untimed pass ("unseen": those the runtime did not issue itself, with their call
@@ -41,6 +48,7 @@ import time
 import torch
 
 import gpu_observe as obs
+import steady
 from fake_models import make_model
 from overlapcheck import engine as E
 from overlapcheck.device import check_available, device_info
@@ -63,13 +71,18 @@ class _Done(Exception):
 
 
 class Window:
-    """Wraps ``eng.step``: waits for steady decode, then times ``steps`` steps between two
-    device synchronizations. ``hooks``: callables "start" (after the first sync), "end"
-    (before the last sync) and "after" (after it)."""
+    """Wraps ``eng.step``: waits for steady decode and ``settle`` more steps, then times
+    windows of ``steps`` steps, each between two device synchronizations. With
+    ``max_windows`` > 1 it goes on until two consecutive windows' rates agree within ``tol``
+    or ``max_windows`` were timed (docs/design.md §8.1, ``steady.Settle``); the figures are
+    over the last two windows. ``hooks`` (one window): callables "start" (after the first
+    sync), "end" (before the last sync) and "after" (after it)."""
 
-    def __init__(self, eng, device, n_req, settle, steps, hooks=None):
+    def __init__(self, eng, device, n_req, settle, steps, hooks=None, max_windows=1, tol=0.03):
         self.eng, self.device, self.n_req, self.settle, self.steps = eng, device, n_req, settle, steps
         self.hooks, self.n, self.result = hooks or {}, 0, None
+        self.rule = steady.Settle(tol, max_windows) if max_windows > 1 else None
+        self.marks = []    # counters at each window boundary, the first window's start first
         self._step, eng.step = eng.step, self.step
 
     def sync(self):   # the sim runs eagerly: its device work is done at launch
@@ -79,7 +92,7 @@ class Window:
     def counters(self):
         e = self.eng
         return (time.perf_counter(), sum(len(r.output) for r in e.requests.values()), e.rt.syncs,
-                getattr(e.worker, "declared_syncs", 0))
+                getattr(e.worker, "declared_syncs", 0), self.n)
 
     def steady(self) -> bool:
         reqs = self.eng.requests.values()
@@ -91,21 +104,38 @@ class Window:
             if self.settle < 0:
                 self.sync()
                 self.hooks.get("start", _nop)()
-                self.start = self.counters()
+                self.marks.append(self.counters())
         self._step()
         if self.result is None and self.settle < 0:
             self.n += 1
-            if self.n >= self.steps or not self.steady():
+            ended = not self.steady()
+            if self.n % self.steps and not ended:
+                return
+            if self.rule is None:
                 end = self.counters()
                 self.hooks.get("end", _nop)()
                 self.sync()
-                t1 = time.perf_counter()
+                self.marks.append((time.perf_counter(),) + end[1:])
                 self.hooks.get("after", _nop)()
-                dt, n = t1 - self.start[0], self.n
-                self.result = {"steps": n, "seconds": dt, "tokens_per_s": (end[1] - self.start[1]) / dt,
-                               "steps_per_s": n / dt, "syncs_per_step": (end[2] - self.start[2]) / n,
-                               "declared_per_step": (end[3] - self.start[3]) / n}
-                raise _Done
+                return self.finish()
+            end = self.counters()
+            self.sync()
+            self.marks.append((time.perf_counter(),) + end[1:])
+            a, b = self.marks[-2], self.marks[-1]
+            if self.rule.add((b[1] - a[1]) / (b[0] - a[0])) or ended:
+                self.hooks.get("end", _nop)()
+                self.hooks.get("after", _nop)()
+                return self.finish()
+            self.marks[-1] = self.counters()   # the next window starts after the sync
+
+    def finish(self):
+        a, b = self.marks[max(0, len(self.marks) - 3)], self.marks[-1]
+        dt, n = b[0] - a[0], b[4] - a[4]
+        self.result = {"steps": n, "seconds": dt, "tokens_per_s": (b[1] - a[1]) / dt,
+                       "steps_per_s": n / dt, "syncs_per_step": (b[2] - a[2]) / n,
+                       "declared_per_step": (b[3] - a[3]) / n, "windows": len(self.marks) - 1,
+                       "settled": self.rule.settled if self.rule else None}
+        raise _Done
 
 
 def make_case(name, model, batch, args, overlap):
@@ -126,7 +156,7 @@ def make_monitor(ref):
     return Monitor(make_checkers((), reference=ref))
 
 
-def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
+def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, windows=None):
     """One run of ``mode`` up to the end of its window: (the window's figures, the engine)."""
     from overlapcheck.run import Halt
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
@@ -137,7 +167,8 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
                       graphs=graphs)
     mon = make_monitor(ref) if checked else None
     eng = build_engine(cfg, rt, model, mon)
-    w = Window(eng, args.device, batch, args.settle, steps or args.steps, hooks)
+    w = Window(eng, args.device, batch, args.settle, steps or args.steps, hooks,
+               args.max_windows if windows is None else windows, args.tol)
     try:
         eng.run(wl)
     except _Done:
@@ -157,34 +188,42 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None):
 
 
 def measure(args, name, model, batch) -> dict:
-    # warm-up, and the parity reference: non-overlap, a few steps past the others' windows
-    ref = run_mode(args, name, model, batch, "non-overlap", steps=args.steps + 3)[1].result()
-    runs = {m[0]: [] for m in MODES if m[0] in args.modes}
-    for mode in runs:                                          # first-time costs of each mode
-        run_mode(args, name, model, batch, mode, ref, steps=2)
-    for _ in range(args.repeat):
-        for mode in runs:
-            runs[mode].append(run_mode(args, name, model, batch, mode, ref)[0])
+    """docs/design.md §8.1: warm-up rounds until every mode's rate settles, then
+    ``--repeat`` rounds in balanced order; medians with their min-max spread."""
+    # the parity reference: non-overlap, a few steps past the others' last windows
+    ref = run_mode(args, name, model, batch, "non-overlap", steps=args.steps * args.max_windows + 3,
+                   windows=1)[1].result()
+    modes = [m[0] for m in MODES if m[0] in args.modes]
+
+    def run(mode):
+        return run_mode(args, name, model, batch, mode, ref)[0]
     rec = {"model": name, "batch": batch, "modes": {}}
+    rec["warm_up"] = steady.warm_up(modes, run, args.tol, args.warmup_rounds)
+    runs = steady.rounds(modes, args.repeat, run)
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
                ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
+        med["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
         med["window_steps"] = rs[0]["steps"]
+        med["windows"] = [r["windows"] for r in rs]
+        med["unsettled_runs"] = sum(r["settled"] is False for r in rs)
         if "graphs" in rs[0]:
             med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
             med["violations"] = sorted({v for r in rs for v in r["violations"]})[:5]
         rec["modes"][mode] = med
-    m = rec["modes"]
 
     def ratio(a, b):
-        return m[a]["tokens_per_s"] / m[b]["tokens_per_s"] if a in m and b in m and \
-            m[b]["tokens_per_s"] > 0 else None
-    rec["overlap_speedup"] = ratio("overlap", "non-overlap")
-    rec["checked_ratio"] = ratio("checked", "overlap")
-    rec["checked_detector_ratio"] = ratio("checked+detector", "overlap")
+        if a not in runs or b not in runs:
+            return None
+        return steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
+                                   [r["tokens_per_s"] for r in runs[b]])
+    for key, a, b in (("overlap_speedup", "overlap", "non-overlap"), ("checked_ratio", "checked", "overlap"),
+                      ("checked_detector_ratio", "checked+detector", "overlap")):
+        sp = ratio(a, b)
+        rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
     observe(args, name, model, batch, rec)
     return rec
 
@@ -202,7 +241,7 @@ def observe(args, name, model, batch, rec):
         if not device_info(args.device).gpu:
             continue
         watch, prof = obs.SyncWatch(), obs.profiler(args.device)
-        got, _ = run_mode(args, name, model, batch, mode, hooks={
+        got, _ = run_mode(args, name, model, batch, mode, windows=1, hooks={
             "start": lambda: (prof.__enter__(), watch.__enter__()),
             "end": lambda: watch.__exit__(None, None, None),
             "after": lambda: prof.__exit__(None, None, None)})
@@ -217,7 +256,7 @@ def observe(args, name, model, batch, rec):
 
 def profile_one_step(args, name, model, batch, mode) -> str:
     prof = obs.profiler(args.device)
-    run_mode(args, name, model, batch, mode, steps=1, hooks={"start": prof.__enter__,
+    run_mode(args, name, model, batch, mode, steps=1, windows=1, hooks={"start": prof.__enter__,
                                                    "after": lambda: prof.__exit__(None, None, None)})
     path = os.path.join(args.out, f"profile-{name.replace(':', '_')}-b{batch}-{mode}.txt")
     with open(path, "w") as fh:
@@ -234,15 +273,20 @@ def print_rec(r):
     for mode, m in r["modes"].items():
         real = r.get("real_syncs", {}).get(mode, {})
         busy = r.get("gpu_busy", {}).get(mode, {})
-        print(f"{r['model']:20s} {r['batch']:3d} {mode:17s} {m['tokens_per_s']:9.1f} "
+        print(f"{r['model']:20s} {r['batch']:3d} {mode:17s} "
+              f"{steady.fmt_spread(m['tokens_per_s_spread'], width=27)} "
               f"{m['steps_per_s']:8.1f} {m['syncs_per_step']:6.2f} {m['hidden_per_step']:6.2f} "
               f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s}"
               + (f"  violations: {len(m['violations'])}" if m.get("violations") else "")
+              + (f"  unsettled runs: {m['unsettled_runs']}" if m.get("unsettled_runs") else "")
               + (f"  graph captures failed: {m['graphs']['failed']}"
                  if m.get("graphs", {}).get("failed") else ""))
-    print(f"{'':24s} ({r['seconds']} s) overlap/non-overlap {fmt(r['overlap_speedup'], '.3f')}x, "
-          f"checked/unchecked {fmt(r['checked_ratio'], '.3f')}, "
-          f"with detector {fmt(r['checked_detector_ratio'], '.3f')}")
+    w = r["warm_up"]
+    print(f"{'':24s} ({r['seconds']} s, {w['rounds']} warm-up rounds"
+          f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
+          f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
+          f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
+          f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}")
     for p in r.get("profiles", {}).values():
         print(f"{'':24s} profile: {p}")
 
@@ -253,11 +297,18 @@ def main() -> None:
     ap.add_argument("--models", default="trained,random:llama-1b", help="comma-separated")
     ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--modes", default=",".join(m[0] for m in MODES), help="comma-separated")
-    ap.add_argument("--steps", type=int, default=12, help="timed steady steps per run")
-    ap.add_argument("--settle", type=int, default=3, help="steady steps before the window")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12, help="steady steps per timed window")
+    ap.add_argument("--settle", type=int, default=3, help="steady steps before the first window")
+    ap.add_argument("--max-windows", type=int, default=4,
+                    help="windows per run until two in a row agree within --tol (1: one window)")
+    ap.add_argument("--tol", type=float, default=0.03, help="agreement of the settle rules (relative)")
+    ap.add_argument("--warmup-rounds", type=int, default=4,
+                    help="cap on warm-up rounds (every mode, until each mode's rate agrees with its "
+                         "previous round's within --tol; at least 2)")
+    ap.add_argument("--repeat", type=int, default=6, help="measured rounds (even: balanced order)")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per request")
-    ap.add_argument("--row-width", type=int, default=256, help="context per request")
+    ap.add_argument("--row-width", type=int, default=384,
+                    help="context per request (room for the settle windows)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--draft", default="standalone", choices=tuple(DRAFT_KINDS))
@@ -273,7 +324,8 @@ def main() -> None:
     args.modes = [m for m in args.modes.split(",") if m]
     args.graphs = args.graphs == "on"
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
-    if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1:
+    if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1 or \
+            args.repeat < 1 or args.max_windows < 1 or args.tol <= 0:
         ap.error(f"bad --modes/--models/--batch/--steps (modes: {', '.join(x[0] for x in MODES)})")
     try:
         check_available(args.device)
@@ -282,14 +334,19 @@ def main() -> None:
     info = device_info(args.device)
     if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
+    if args.repeat % 2:
+        print(f"note: --repeat {args.repeat} is odd: the start order is not balanced")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if info.gpu else None,
+    doc = {"device": args.device, "gpu": obs.gpu_info(args.device),
            "torch": torch.__version__, "args": {k: v for k, v in vars(args).items()}, "configs": []}
-    print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s':>9s} {'steps/s':>8s} {'syncs':>6s} "
+    print(obs.gpu_line(doc["gpu"]))
+    print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s median [min-max]':>27s} {'steps/s':>8s} {'syncs':>6s} "
           f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")
     print("  per steady step: syncs = the runtime's count, hidden = beyond the declared waits, "
-          "unseen = real syncs (sync-debug) the runtime did not issue; busy = GPU kernel time / wall")
+          "unseen = real syncs (sync-debug) the runtime did not issue; busy = GPU kernel time / wall;\n"
+          f"  {args.repeat} rounds per figure (order alternating), medians [min-max]; ratios from "
+          "each round's pair")
     for name in args.models:
         t = time.perf_counter()
         model = make_model(name)
@@ -302,6 +359,9 @@ def main() -> None:
             with open(os.path.join(args.out, "gpu_overlap.json"), "w") as fh:
                 json.dump(doc, fh, indent=1)
     doc["seconds"] = round(time.perf_counter() - t0, 1)
+    doc["gpu_end"] = obs.gpu_info(args.device)
+    if doc["gpu_end"]:
+        print("at the end: " + obs.gpu_line(doc["gpu_end"]))
     with open(os.path.join(args.out, "gpu_overlap.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
     print(f"done in {doc['seconds']} s; figures in {os.path.join(args.out, 'gpu_overlap.json')}")

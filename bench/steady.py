@@ -1,0 +1,89 @@
+"""The timing method the GPU benches share (docs/design.md §8.1): when a rate has settled,
+which order interleaved runs take, and how a figure is reported (the median with its
+min-max spread). Plain Python, no clock of its own: callers pass rates or a run
+function, so tests drive it with a fake timer.
+
+* ``Settle``: consecutive window rates until two in a row agree within ``tol`` (capped).
+* ``balanced_order``: round r runs the modes forward when r is even, backward when odd
+  (ABBA for two modes), so a drift over the session falls on every mode alike.
+* ``warm_up``: rounds of every mode until each mode's rate agrees with its rate of the
+  round before (capped); ``rounds``: the measured rounds in balanced order.
+* ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
+  from the rounds they shared (each round's ratio, then their median and range).
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def agree(a: float, b: float, tol: float) -> bool:
+    """Two rates within ``tol`` (relative to the larger) of each other."""
+    hi = max(abs(a), abs(b))
+    return hi == 0 or abs(a - b) <= tol * hi
+
+
+class Settle:
+    """Feed it window rates with ``add``; it answers True once two consecutive ones agree
+    within ``tol`` (``settled``) or ``cap`` windows were seen (``settled`` stays False)."""
+
+    def __init__(self, tol: float = 0.03, cap: int = 4):
+        if cap < 2:
+            raise ValueError("the settle rule needs at least two windows")
+        self.tol, self.cap, self.rates, self.settled = tol, cap, [], False
+
+    def add(self, rate: float) -> bool:
+        self.rates.append(rate)
+        if len(self.rates) >= 2 and agree(self.rates[-2], self.rates[-1], self.tol):
+            self.settled = True
+        return self.settled or len(self.rates) >= self.cap
+
+
+def balanced_order(modes, r: int) -> list:
+    """The order of round ``r``: forward on even rounds, backward on odd ones."""
+    modes = list(modes)
+    return modes if r % 2 == 0 else modes[::-1]
+
+
+def rounds(modes, n: int, run) -> dict:
+    """``n`` rounds of ``run(mode)`` (a dict with "tokens_per_s") in balanced order:
+    {mode: [result of round 0, round 1, ...]}."""
+    out = {m: [] for m in modes}
+    for r in range(n):
+        for m in balanced_order(modes, r):
+            out[m].append(run(m))
+    return out
+
+
+def warm_up(modes, run, tol: float = 0.03, cap: int = 4, key: str = "tokens_per_s") -> dict:
+    """Rounds of ``run(mode)`` (balanced order) until every mode's ``key`` agrees with its
+    previous round's within ``tol``, at least two rounds, at most ``cap``:
+    {"rounds", "settled", "rates": {mode: [...]}}."""
+    rates = {m: [] for m in modes}
+    settled, r = False, 0
+    while r < max(2, cap):
+        for m in balanced_order(modes, r):
+            rates[m].append(run(m)[key])
+        r += 1
+        settled = r >= 2 and all(agree(v[-2], v[-1], tol) for v in rates.values())
+        if settled:
+            break
+    return {"rounds": r, "settled": settled, "rates": {m: [round(x, 2) for x in v] for m, v in rates.items()}}
+
+
+def spread(values) -> dict:
+    values = list(values)
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def paired_ratio(a, b):
+    """The ratio of two modes from the rounds they shared: each round's a/b, then
+    {median, min, max}; None when a round's b is 0 or there is none."""
+    pairs = [x / y for x, y in zip(a, b) if y > 0]
+    return spread(pairs) if pairs and len(pairs) == min(len(a), len(b)) else None
+
+
+def fmt_spread(s, spec: str = ".1f", width: int = 0) -> str:
+    """'median [min-max]'; '-' for None."""
+    if s is None:
+        return "-".rjust(width)
+    return f"{format(s['median'], spec)} [{format(s['min'], spec)}-{format(s['max'], spec)}]".rjust(width)

@@ -1,0 +1,150 @@
+"""The GPU benches' timing method (bench/steady.py, bench/gpu_overlap.py's Window;
+docs/design.md §8.1) on a fake timer: the settle rule stops where two consecutive
+windows agree and not before, is capped, and balanced start orders cancel a drift that
+a fixed order turns into a bias. No timing is measured or asserted: every rate comes
+from the fake clock."""
+import os
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.join(ROOT, "bench"))   # bench/ is scripts, not a package
+
+import gpu_overlap as G  # noqa: E402
+import steady  # noqa: E402
+from overlapcheck.engine.types import RUNNING  # noqa: E402
+
+
+def feed(rule, rates):
+    for i, r in enumerate(rates):
+        if rule.add(r):
+            return i + 1
+    return None
+
+
+def test_settle_stops_at_the_first_two_windows_that_agree():
+    rule = steady.Settle(tol=0.03, cap=8)
+    assert feed(rule, [50, 80, 95, 99, 100, 100, 100]) == 5   # 95 -> 99 is 4 %: not yet
+    assert rule.settled and rule.rates == [50, 80, 95, 99, 100]
+
+
+def test_settle_is_capped_and_says_it_did_not_settle():
+    rule = steady.Settle(tol=0.03, cap=4)
+    assert feed(rule, [100, 120, 100, 120, 100, 120]) == 4
+    assert not rule.settled
+    with pytest.raises(ValueError):
+        steady.Settle(cap=1)
+
+
+def test_balanced_order_gives_every_mode_the_same_mean_position():
+    modes = ["a", "b", "c", "d"]
+    assert steady.balanced_order(modes, 0) == modes and steady.balanced_order(modes, 1) == modes[::-1]
+    for n in (2, 4, 6):
+        pos = {m: sum(steady.balanced_order(modes, r).index(m) for r in range(n)) for m in modes}
+        assert len(set(pos.values())) == 1, pos
+
+
+class DriftingGpu:
+    """A fake device whose rate falls by ``drift`` per run: identical modes differ
+    only by when they ran."""
+
+    def __init__(self, drift=1.0):
+        self.t, self.drift, self.log = 0, drift, []
+
+    def run(self, mode):
+        self.log.append(mode)
+        self.t += 1
+        return {"tokens_per_s": 100.0 - self.drift * self.t}
+
+
+def test_balanced_rounds_cancel_a_drift_a_fixed_order_turns_into_a_bias():
+    gpu = DriftingGpu()
+    runs = steady.rounds(["A", "B"], 6, gpu.run)
+    assert gpu.log[:4] == ["A", "B", "B", "A"]                  # ABBA
+    r = steady.paired_ratio([x["tokens_per_s"] for x in runs["A"]], [x["tokens_per_s"] for x in runs["B"]])
+    assert abs(r["median"] - 1.0) < 1e-3 and r["min"] < 1.0 < r["max"]
+    fixed, gpu = {"A": [], "B": []}, DriftingGpu()            # what a fixed order reports
+    for _ in range(6):
+        for m in "AB":
+            fixed[m].append(gpu.run(m)["tokens_per_s"])
+    assert steady.paired_ratio(fixed["A"], fixed["B"])["median"] > 1.005
+
+
+def test_warm_up_runs_until_every_mode_agrees_with_its_previous_round():
+    class Ramp:   # the first runs are slow (clocks ramping, first-time costs), then flat
+        n = 0
+
+        def run(self, mode):
+            self.n += 1
+            return {"tokens_per_s": {1: 40.0, 2: 60.0, 3: 98.0, 4: 98.0}.get(self.n, 100.0)}
+    w = steady.warm_up(["A", "B"], Ramp().run, tol=0.03, cap=6)
+    assert w["settled"] and w["rounds"] == 3 and w["rates"] == {"A": [40.0, 98.0, 100.0],
+                                                                "B": [60.0, 98.0, 100.0]}
+    w = steady.warm_up(["A", "B"], Ramp().run, tol=0.03, cap=2)
+    assert not w["settled"] and w["rounds"] == 2
+
+
+def test_spread_and_paired_ratio():
+    assert steady.spread([3, 1, 2]) == {"median": 2, "min": 1, "max": 3}
+    assert steady.paired_ratio([2.0, 4.0], [1.0, 0.0]) is None
+    assert steady.fmt_spread({"median": 1.5, "min": 1.0, "max": 2.0}, ".2f") == "1.50 [1.00-2.00]"
+
+
+class FakeEngine:
+    """Enough of an engine for ``Window``: every step commits one token per request and
+    advances the fake clock by ``dt(step)``; the window's rates come from that clock."""
+
+    def __init__(self, n_req, dt, clock):
+        self.requests = {i: types.SimpleNamespace(state=RUNNING, output=[]) for i in range(n_req)}
+        self.rt, self.worker, self.dt, self.clock, self.k = types.SimpleNamespace(syncs=0), None, dt, clock, 0
+
+    def step(self):
+        self.k += 1
+        self.clock[0] += self.dt(self.k)
+        self.rt.syncs += 1
+        for r in self.requests.values():
+            r.output.append(0)
+
+    def run(self, steps):
+        try:
+            for _ in range(steps):
+                self.step()
+        except G._Done:
+            pass
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(G.time, "perf_counter", lambda: now[0])
+    return now
+
+
+def test_window_times_windows_until_two_agree_and_reports_the_last_two(clock):
+    # steps 1-10 take 2 s, later ones 1 s: windows of 4 steps after 2 settle steps
+    eng = FakeEngine(2, lambda k: 2.0 if k <= 10 else 1.0, clock)
+    w = G.Window(eng, "sim", 2, 2, 4, max_windows=6, tol=0.03)
+    eng.run(100)
+    r = w.result
+    # windows: steps 3-6 (2 s each), 7-10 (2 s), agree at once: figures over both
+    assert (r["windows"], r["settled"], r["steps"]) == (2, True, 8)
+    assert r["tokens_per_s"] == pytest.approx(2 * 8 / 16.0)
+    eng = FakeEngine(2, lambda k: 3.0 if k <= 6 else 2.0 if k <= 10 else 1.0, clock)
+    w = G.Window(eng, "sim", 2, 2, 4, max_windows=6, tol=0.03)
+    eng.run(100)
+    r = w.result   # windows: 3-6 at 3 s a step, 7-10 at 2 s, 11-14 and 15-18 at 1 s
+    assert (r["windows"], r["settled"], r["steps"]) == (4, True, 8)
+    assert r["tokens_per_s"] == pytest.approx(2.0)             # the last two windows: 1 s a step, 2 tokens
+
+
+def test_window_cap_and_single_window(clock):
+    eng = FakeEngine(1, lambda k: 1.0 + (k % 2), clock)      # steps of 2 s and 1 s alternate
+    w = G.Window(eng, "sim", 1, 0, 1, max_windows=3, tol=0.03)
+    eng.run(100)
+    assert (w.result["windows"], w.result["settled"], w.result["steps"]) == (3, False, 2)
+    eng = FakeEngine(1, lambda k: 1.0, clock)
+    w = G.Window(eng, "sim", 1, 1, 5)
+    eng.run(100)
+    assert (w.result["windows"], w.result["settled"], w.result["steps"], eng.k) == (1, None, 5, 6)
