@@ -3,7 +3,7 @@ each mode with every checker on, and each mode's figures. Prints tables and writ
 ``modes.json`` under ``--out``.
 
     python bench/modes.py --device sim --workloads 200 --jobs 2 --out /tmp/modes
-    python bench/modes.py --device cuda --out bench-out      # ~2-3 min on one H100
+    python bench/modes.py --device cuda --out bench-out      # several minutes on one H100
 
 Modes are ``EngineConfig`` switches: ``standard`` (the defaults), ``verify-sync``,
 ``kv-backup``, ``tp2`` (two logical ranks: sim only) and ``zero-bubble`` when the config
@@ -21,9 +21,10 @@ common prefix).
 
 Figures. sim: engine steps/s per mode on one thread, oracle model, unchecked (no
 observer, detector off) and checked (every checker, detector on, declared accesses).
-cuda: steady decode tokens/s per mode and non-overlap (bench/gpu_overlap.py's
-``Window``), trained model, batch 8 and 32, runs interleaved, medians, as ratios to
-standard. Figures are printed, never asserted.
+cuda: steady decode tokens/s per mode and non-overlap, trained model, batch 8 and 32,
+timed as bench/gpu_overlap.py times them (docs/design.md §8.1: settle windows, warm-up
+rounds until settled, balanced rounds, medians with min-max), as ratios to standard; the
+card, driver and clocks printed and in the JSON. Figures are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -225,9 +226,13 @@ def main() -> None:
     ap.add_argument("--figure-requests", type=int, default=48, help="sim figures: workload size")
     ap.add_argument("--model", default="trained", help="cuda figures: model")
     ap.add_argument("--batch", default="8,32", help="cuda figures: comma-separated batch sizes")
-    ap.add_argument("--steps", type=int, default=12, help="cuda figures: timed steady steps")
+    ap.add_argument("--steps", type=int, default=12, help="cuda figures: steady steps per timed window")
     ap.add_argument("--settle", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-windows", type=int, default=4,
+                    help="cuda figures: windows per run until two in a row agree within --tol")
+    ap.add_argument("--tol", type=float, default=0.03, help="cuda figures: the settle rules' agreement")
+    ap.add_argument("--warmup-rounds", type=int, default=4, help="cuda figures: cap on warm-up rounds")
+    ap.add_argument("--repeat", type=int, default=6, help="cuda figures: measured rounds (even: balanced)")
     ap.add_argument("--no-figures", action="store_true", help="the parity sweep only")
     ap.add_argument("--out", default="bench-out", help="folder for modes.json and repros")
     args = ap.parse_args()
@@ -250,8 +255,10 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     args.repro_dir = os.path.join(args.out, "repros")
     t0 = time.perf_counter()
-    doc = {"device": args.device, "gpu": torch.cuda.get_device_name() if device_info(args.device).gpu else None,
+    import gpu_observe
+    doc = {"device": args.device, "gpu": gpu_observe.gpu_info(args.device),
            "torch": torch.__version__, "modes": modes, "args": vars(args)}
+    print(gpu_observe.gpu_line(doc["gpu"]))
     print(f"modes: {', '.join(modes)}; {args.workloads} workloads from seed {args.first_seed}")
     records = sweep(args, modes)
     doc["sweep"] = sweep_table(records, modes)
@@ -264,7 +271,9 @@ def main() -> None:
         else:
             doc["throughput"] = throughput(args.device, modes, args.model,
                                            [int(b) for b in args.batch.split(",") if b],
-                                           args.steps, args.settle, args.repeat)
+                                           args.steps, args.settle, args.repeat, args.max_windows,
+                                           args.tol, args.warmup_rounds)
+            doc["gpu_end"] = gpu_observe.gpu_info(args.device)
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     with open(os.path.join(args.out, "modes.json"), "w") as fh:
         json.dump(doc, fh, indent=1, default=str)

@@ -3,9 +3,10 @@
 * ``sim_figures``: engine steps/s per mode on the sim, one thread, oracle model,
   unchecked (no observer, detector off) and checked (every checker, detector on,
   declared accesses), best of ``repeat``.
-* ``throughput``: steady decode tokens/s per mode and non-overlap on ``device`` (a
-  steady window as bench/gpu_overlap.py times it, its ``Window``), runs interleaved,
-  medians, as ratios to the standard mode; logical-rank modes are left out (sim only).
+* ``throughput``: steady decode tokens/s per mode and non-overlap on ``device``, timed
+  as bench/gpu_overlap.py times it (its ``Window``, ``bench/steady.py``: settle windows,
+  warm-up rounds, balanced rounds, medians with min-max; docs/design.md §8.1), as ratios
+  to the standard mode; logical-rank modes are left out (sim only).
 """
 from __future__ import annotations
 
@@ -67,22 +68,26 @@ def sim_figures(modes, requests, repeat) -> dict:
     return out
 
 
-def throughput(device, modes, model_name, batches, steps, settle, repeat) -> dict:
-    """Steady decode tokens/s per mode (and non-overlap), interleaved runs, medians."""
+def throughput(device, modes, model_name, batches, steps, settle, repeat, max_windows=4, tol=0.03,
+               warmup_rounds=4) -> dict:
+    """Steady decode tokens/s per mode (and non-overlap), bench/gpu_overlap.py's method
+    (docs/design.md §8.1): settle windows in a run, warm-up rounds until settled,
+    balanced rounds, medians with their min-max; vs standard per round."""
     import gpu_overlap as G
+    import steady
     from overlapcheck.device import make_runtime
-    geo = argparse.Namespace(row_width=256, page_size=16, prompt=16, spec_steps=3, draft="standalone")
+    geo = argparse.Namespace(row_width=384, page_size=16, prompt=16, spec_steps=3, draft="standalone")
     variants = {n: kw for n, kw in modes.items() if "tp" not in kw}
     variants["non-overlap"] = {"overlap": False}
     m, out = model(model_name), {}
 
-    def once(batch, kw, n):
+    def once(batch, kw, n, windows=max_windows):
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
         eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
             device, seed=0, strategy="eager", detect=False, access="declared",
             graphs=device_info(device).gpu), m)
         gc.collect()
-        w = G.Window(eng, device, batch, settle, n)
+        w = G.Window(eng, device, batch, settle, n, max_windows=windows, tol=tol)
         try:
             eng.run(wl)
         except G._Done:
@@ -92,29 +97,33 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat) -> dic
         return w.result
 
     for batch in batches:
-        runs = {}
+        names, rec = [], out.setdefault(batch, {})
         for name, kw in variants.items():
             try:
-                once(batch, kw, 2)                         # warm-up, first-time costs
-                runs[name] = []
+                once(batch, kw, 2, 1)                      # a config the mode rejects: skipped
+                names.append(name)
             except ValueError as e:
-                out.setdefault(batch, {})[name] = {"skipped": str(e)}
-        for _ in range(repeat):
-            for name in runs:
-                runs[name].append(once(batch, variants[name], steps))
-        rec = out.setdefault(batch, {})
+                rec[name] = {"skipped": str(e)}
+
+        def run(name):
+            return once(batch, variants[name], steps)
+        warm = steady.warm_up(names, run, tol, warmup_rounds)
+        runs = steady.rounds(names, repeat, run)
         for name, rs in runs.items():
             rec[name] = {k: statistics.median(r[k] for r in rs) for k in
                          ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
+            rec[name]["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
             rec[name]["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
-        std = rec["standard"]["tokens_per_s"]
-        for v in rec.values():
-            if "tokens_per_s" in v:
-                v["vs_standard"] = v["tokens_per_s"] / std
+            rec[name]["unsettled_runs"] = sum(r["settled"] is False for r in rs)
+            sp = steady.paired_ratio([r["tokens_per_s"] for r in rs],
+                                     [r["tokens_per_s"] for r in runs["standard"]])
+            rec[name]["vs_standard"], rec[name]["vs_standard_spread"] = sp["median"], sp
+        rec["_warm_up"] = warm
     return out
 
 
 def print_figures(doc) -> None:
+    from steady import fmt_spread
     if doc.get("sim_figures"):
         print("\nsim, oracle, one thread: steps/s (tokens/s)")
         print(f"{'mode':12s} {'unchecked':>18s} {'checked':>18s} {'checked/unch':>12s} {'viol':>5s}")
@@ -127,10 +136,19 @@ def print_figures(doc) -> None:
                   f"({c['tokens_per_s']:7.1f}) {r['checked_ratio']:12.3f} {c['violations']:5d}")
     for batch, rec in (doc.get("throughput") or {}).items():
         print(f"\n{doc['device']}, {doc['args']['model']}, batch {batch}: steady decode")
-        print(f"{'mode':12s} {'tokens/s':>9s} {'vs std':>7s} {'steps/s':>8s} {'syncs':>6s} {'declared':>8s}")
+        print(f"{'mode':12s} {'tokens/s median [min-max]':>27s} {'vs std [min-max]':>23s} {'steps/s':>8s} "
+              f"{'syncs':>6s} {'declared':>8s}")
+        w = rec.get("_warm_up")
         for name, v in rec.items():
+            if name.startswith("_"):
+                continue
             if "skipped" in v:
                 print(f"{name:12s} skipped: {v['skipped']}")
                 continue
-            print(f"{name:12s} {v['tokens_per_s']:9.1f} {v['vs_standard']:7.3f} {v['steps_per_s']:8.1f} "
-                  f"{v['syncs_per_step']:6.2f} {v['declared_per_step']:8.2f}")
+            print(f"{name:12s} {fmt_spread(v['tokens_per_s_spread'], width=27)} "
+                  f"{fmt_spread(v['vs_standard_spread'], '.3f', 23)} {v['steps_per_s']:8.1f} "
+                  f"{v['syncs_per_step']:6.2f} {v['declared_per_step']:8.2f}"
+                  + (f"  unsettled runs: {v['unsettled_runs']}" if v.get("unsettled_runs") else ""))
+        if w:
+            print(f"  {w['rounds']} warm-up rounds{'' if w['settled'] else ' (not settled)'}; medians over "
+                  f"{doc['args']['repeat']} rounds, order alternating; vs std from each round's pair")
