@@ -1,8 +1,14 @@
 """Nightly GPU fuzz job: time-boxed ``overlapcheck fuzz --device cuda`` campaigns, then a
 short compute-sanitizer memcheck pass; everything lands in one output folder.
 
-Campaigns run one after another, each in its own process (its own process group),
-cycling through the models with consecutive seeds until the budget is spent. A worker
+Campaigns run one after another, each in its own process (its own process group), with
+consecutive seeds, in rounds over the models (docs/design.md §6.9): each model has an
+equal share of the fuzz budget, is charged the wall time its campaigns really took
+(start-up, shrinking and overruns included) and gets campaigns while its share lasts, so
+a slow model (a long start-up, a worker outliving its time box) spends its own share,
+not the others': the grace a worker gets past its time box is capped by what is left of
+its model's share (never under its shrink time). Campaigns, seconds, examples, steps and
+findings per model are in ``summary.json`` (``per_model``) and the printed summary. A worker
 that crashes (a CUDA fatal error, a signal, an uncaught exception), exits with a code
 other than 0 (clean) or 1 (findings, with its JSON summary), or outlives its time box is
 recorded as a finding with what reproduces it (command, seed, stderr tail, the repro
@@ -53,7 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", choices=tuple(DEVICES),
                    help="cuda (default); sim is a dry run of the whole job on a CPU machine")
     p.add_argument("--models", default="trained,oracle,tiny",
-                   help="comma-separated models, cycled (default trained,oracle,tiny)")
+                   help="comma-separated models, an equal share of the budget each, in rounds "
+                        "(default trained,oracle,tiny)")
     p.add_argument("--seed", type=int, default=None,
                    help="first seed; campaign i uses seed+i (default: today's date, YYYYMMDD)")
     p.add_argument("--campaign-seconds", type=float, default=None,
@@ -63,7 +70,11 @@ def parse_args(argv=None):
                    help="cap on shrinking one finding (default: a quarter of the time box, >= 10 s)")
     p.add_argument("--grace", type=float, default=None,
                    help="seconds a worker may run past its time box (shrinking) before it is "
-                        "killed and recorded as a timeout (default: max(60, time box))")
+                        "killed and recorded as a timeout (default: max(60, time box); capped by "
+                        "its model's share left, never under the shrink time)")
+    p.add_argument("--startup-seconds", type=float, default=10.0,
+                   help="a worker's start-up, kept out of its time box within its model's share "
+                        "(default 10)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="turn a bug-zoo fault on in every campaign (a canary that the job finds it)")
     p.add_argument("--jobs", type=int, default=1, help="fuzz processes per campaign (default 1)")
@@ -94,7 +105,8 @@ def parse_args(argv=None):
         if v <= 0:
             p.error(f"{name} must be positive, got {v}")
     for name, v in (("--campaign-seconds", a.campaign_seconds), ("--max-campaigns", a.max_campaigns),
-                    ("--grace", a.grace), ("--shrink-seconds", a.shrink_seconds)):
+                    ("--grace", a.grace), ("--shrink-seconds", a.shrink_seconds),
+                    ("--startup-seconds", a.startup_seconds)):
         if v is not None and v <= 0:
             p.error(f"{name} must be positive, got {v}")
     if a.seed is None:
@@ -175,7 +187,9 @@ def describe_exit(rc) -> tuple:
     return ("clean" if rc == 0 else "findings" if rc == 1 else "error"), None
 
 
-def campaign(a, i: int, model: str, seconds: float, out: str) -> dict:
+def campaign(a, i: int, model: str, seconds: float, out: str, share_left: float = float("inf")) -> dict:
+    """One campaign of ``seconds``; ``share_left``: what is left of its model's share
+    (the grace past the time box is capped by it, never under the shrink time)."""
     seed = a.seed + i
     name = f"c{i:02d}-{re.sub(r'[^A-Za-z0-9.-]+', '_', model)}-s{seed}"
     repros = os.path.join(out, "repros", name)
@@ -188,6 +202,7 @@ def campaign(a, i: int, model: str, seconds: float, out: str) -> dict:
     shrink = a.shrink_seconds or max(10.0, seconds / 4)
     cmd += ["--shrink-time", f"{shrink:g}"] + [x for f in a.fault for x in ("--fault", f)]
     grace = a.grace if a.grace is not None else max(60.0, seconds)
+    grace = min(grace, max(shrink, share_left - seconds))   # docs/design.md §6.9: fair shares
     rc, wall = run_group(cmd, logs["stdout"], logs["stderr"], seconds + grace)
     summary = load_json(logs["stdout"]) if rc in (0, 1) else None
     status, sig = describe_exit(rc)
@@ -197,7 +212,7 @@ def campaign(a, i: int, model: str, seconds: float, out: str) -> dict:
     if a.shared_db:
         shown = shown.replace(a.shared_db, _without_password(a.shared_db))
     rec = {"name": name, "command": shown, "seed": seed, "model": model,
-           "time_box_s": seconds, "exit_code": rc, "signal": sig, "status": status,
+           "time_box_s": seconds, "grace_s": round(grace, 1), "exit_code": rc, "signal": sig, "status": status,
            "wall_s": wall, "examples": None, "steps": None, "findings": [],
            "logs": {k: os.path.relpath(v, out) for k, v in logs.items()}}
     if isinstance(summary, dict):
@@ -267,6 +282,21 @@ def _without_password(url):
     return parts._replace(netloc=netloc).geturl()
 
 
+def per_model(doc: dict, share: float) -> dict:
+    """Campaigns, wall seconds, examples, steps and findings per model (every model named,
+    those that got no campaign too)."""
+    out = {}
+    for m in doc["models"]:
+        cs = [c for c in doc["campaigns"] if c["model"] == m]
+        out[m] = {"campaigns": len(cs), "share_s": round(share, 1),
+                  "seconds": round(sum(c["wall_s"] for c in cs), 1),
+                  "examples": sum(c["examples"] or 0 for c in cs),
+                  "steps": sum(c["steps"] or 0 for c in cs),
+                  "findings": sum(len(c["findings"]) for c in cs),
+                  "crashes": sum(f["kind"] != "checker" for c in cs for f in c["findings"])}
+    return out
+
+
 def preflight_cuda() -> None:
     code = "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 3)"
     if subprocess.run([sys.executable, "-c", code]).returncode != 0:
@@ -284,26 +314,39 @@ def main(argv=None) -> int:
     start, total = time.monotonic(), a.minutes * 60.0
     sanitize = not a.no_sanitizer and find_sanitizer(a.sanitizer) is not None
     reserve = min(a.sanitizer_seconds, max(60.0, 0.35 * total)) if sanitize else 0.0
-    per = a.campaign_seconds or min(600.0, max(30.0, (total - reserve) / len(a.models)))
+    share = (total - reserve) / len(a.models)          # docs/design.md §6.9: equal shares
+    per = a.campaign_seconds or min(600.0, max(30.0, share))
+    floor = min(per, 15.0, max(1.0, share - a.startup_seconds))   # the shortest box worth a start
+    used = {m: 0.0 for m in a.models}
     doc = {"schema": 1, "device": a.device, "seed": a.seed, "models": a.models, "faults": a.fault,
            "shared_db": _without_password(a.shared_db),
-           "budget_minutes": a.minutes, "argv": sys.argv[1:] if argv is None else list(argv),
+           "budget_minutes": a.minutes, "share_s": round(share, 1),
+           "argv": sys.argv[1:] if argv is None else list(argv),
            "started": datetime.datetime.now().isoformat(timespec="seconds"),
-           "campaigns": [], "sanitizer": None, "totals": {}}
+           "campaigns": [], "sanitizer": None, "per_model": {}, "totals": {}}
     i = 0
     try:
-        while a.max_campaigns is None or i < a.max_campaigns:
-            left = total - reserve - (time.monotonic() - start)
-            box = min(per, left - 10.0)    # ~10 s for a worker's start-up
-            if box < min(per, 15.0):
-                break
-            rec = campaign(a, i, a.models[i % len(a.models)], round(box, 1), out)
-            doc["campaigns"].append(rec)
-            print(f"[{time.monotonic() - start:7.1f}s] {rec['name']}: {rec['status']} "
-                  f"(exit {rec['exit_code']}), {rec['examples']} examples, "
-                  f"{len(rec['findings'])} finding(s)", flush=True)
-            write_summary(out, doc)
-            i += 1
+        ran = True
+        while ran:                 # rounds: each model with share left gets one campaign
+            ran = False
+            for model in a.models:
+                if a.max_campaigns is not None and i >= a.max_campaigns:
+                    break
+                left = total - reserve - (time.monotonic() - start)
+                mine = share - used[model]
+                box = min(per, mine - a.startup_seconds, left - a.startup_seconds)
+                if box < floor:
+                    continue       # this model's share (or the budget) is spent
+                rec = campaign(a, i, model, round(box, 1), out, mine - a.startup_seconds)
+                used[model] += rec["wall_s"]
+                doc["campaigns"].append(rec)
+                doc["per_model"] = per_model(doc, share)
+                print(f"[{time.monotonic() - start:7.1f}s] {rec['name']}: {rec['status']} "
+                      f"(exit {rec['exit_code']}), {rec['examples']} examples, "
+                      f"{len(rec['findings'])} finding(s); {model}: {used[model]:.0f} of {share:.0f} s",
+                      flush=True)
+                write_summary(out, doc)
+                i, ran = i + 1, True
         left = total - (time.monotonic() - start)
         doc["sanitizer"] = sanitizer_pass(a, out, max(left, 60.0) if sanitize else 0.0)
         print(f"sanitizer: {doc['sanitizer']['verdict']}"
@@ -318,7 +361,11 @@ def main(argv=None) -> int:
             "findings": len(findings), "crashes": sum(f["kind"] != "checker" for f in findings),
             "by_status": {s: sum(c["status"] == s for c in cs) for s in sorted({c["status"] for c in cs})},
             "sanitizer_errors": (doc["sanitizer"] or {}).get("errors")}
+        doc["per_model"] = per_model(doc, share)
         write_summary(out, doc)
+    for m, pm in doc["per_model"].items():
+        print(f"  {m}: {pm['campaigns']} campaign(s), {pm['examples']} examples, {pm['steps']} steps, "
+              f"{pm['seconds']:.0f} of {pm['share_s']:.0f} s, {pm['findings']} finding(s)")
     bad = doc["totals"]["findings"] or (doc["sanitizer"] or {}).get("verdict") in ("errors", "no-summary")
     print(f"nightly: {len(doc['campaigns'])} campaign(s), {doc['totals']['findings']} finding(s) "
           f"({doc['totals']['crashes']} crash/timeout); summary in {os.path.join(out, 'summary.json')}")
