@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
 from .. import seeds, targets
-from ..run import Finding, execute
+from ..run import Finding, References, execute
 from .db import open_database
 
 
@@ -129,6 +129,7 @@ class Campaign:
         self.strategy = case_strategy(opts)
         self.engine_version = targets.get(opts.target).version()
         self.device_options = {"device": opts.device}
+        self.references = References()    # parity's reference runs, computed once each
 
     # -- budget and progress -------------------------------------------------------------
     def _spent(self) -> bool:
@@ -186,7 +187,7 @@ class Campaign:
             if failing and self._shrink_over(failing[0]):
                 cut.append(True)    # the smallest failing case so far is kept
                 raise _TimeUp()
-            out = execute(case, **self.device_options)
+            out = execute(case, references=self.references, **self.device_options)
             if failing:  # a shrink step of this run's finding
                 self.stats.shrink_runs += 1
             else:

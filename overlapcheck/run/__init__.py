@@ -5,7 +5,8 @@ and the benches.
   checkers, faults); ``Finding``: a violation named by (checker, site);
 * ``execute(case, choices=None, **options) -> Outcome``: run it with the checkers on
   (``choices``: replay recorded decisions exactly); ``run_checked`` builds the case of
-  a reference-engine config and workload; ``reference_run``: parity's reference;
+  a reference-engine config and workload; ``reference_run``: parity's reference
+  (``References``: those a caller keeps across runs);
   ``run_workload``: the reference engine on a workload with no checker;
 * ``Monitor``: the observer that feeds checkers (``Halt`` when a fatal one reports).
 """
@@ -14,12 +15,12 @@ from .finding import ENGINE_EXCEPTION, Finding
 
 __all__ = ["Case", "CaseError", "ScheduleSpec", "SCHEMA", "Finding", "ENGINE_EXCEPTION",
            "Outcome", "execute", "run_checked", "reference_run", "run_workload", "digest_of",
-           "Monitor", "Halt"]
+           "Monitor", "Halt", "References"]
 
 # running a case needs the engine (torch): imported on first use, so that repro files
 # load and validate, and the command line answers, without it
 _LAZY = {"Outcome": "driver", "execute": "driver", "run_checked": "driver",
-         "reference_run": "driver", "run_workload": "driver", "digest_of": "driver", "Monitor": "monitor",
+         "reference_run": "driver", "References": "driver", "run_workload": "driver", "digest_of": "driver", "Monitor": "monitor",
          "Halt": "monitor"}
 
 

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -111,14 +112,44 @@ def reference_run(case: Case, model=None) -> RunResult:
         session.close()
 
 
-def _context(case: Case, names: Sequence[str], model, reference) -> dict:
+class References:
+    """Parity's reference runs kept across the runs of one caller (a campaign): a
+    campaign runs one workload again under other schedules, and under configs that share
+    its reference config (about one example in six), and the reference run is
+    deterministic (eager, no detector), so it is computed once. Keyed by (target,
+    reference config, workload), for runs with the target's own model; the newest
+    ``keep`` are kept. Checkers only read a ``RunResult``."""
+
+    def __init__(self, keep: int = 256):
+        self.keep = keep
+        self.runs: "OrderedDict[tuple, RunResult]" = OrderedDict()
+
+    def get(self, case: Case) -> RunResult:
+        try:
+            key = (case.target, targets.get(case.target).reference_config(case.config),
+                   case.workload)
+            hit = self.runs.get(key)
+        except TypeError:      # a target whose config is not hashable
+            return reference_run(case)
+        if hit is None:
+            hit = self.runs[key] = reference_run(case)
+            if len(self.runs) > self.keep:
+                self.runs.popitem(last=False)
+        else:
+            self.runs.move_to_end(key)
+        return hit
+
+
+def _context(case: Case, names: Sequence[str], model, reference,
+             references: Optional[References] = None) -> dict:
     """What checkers need beyond the events: parity's reference run (none when that
     run fails: the run under test reports the engine's failures)."""
     if "parity" not in names or not case.workload.requests:
         return {}
     if reference is None:
         try:
-            reference = reference_run(case, model)
+            reference = (references.get(case) if references is not None and model is None
+                         else reference_run(case, model))
         except Exception:  # noqa: BLE001
             return {}
     return {"reference": reference}
@@ -126,16 +157,18 @@ def _context(case: Case, names: Sequence[str], model, reference) -> dict:
 
 def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, log=None,
             max_steps: Optional[int] = None, context: Optional[dict] = None,
-            trace: bool = True, **options) -> Outcome:
+            trace: bool = True, references: Optional[References] = None,
+            **options) -> Outcome:
     """Run ``case``; with ``choices``, replay them exactly. ``reference``: parity's
-    reference ``RunResult`` (default: ``reference_run``); ``log``: a ``RunLog``;
+    reference ``RunResult`` (default: ``reference_run``, or from ``references``, the
+    caller's ``References``); ``log``: a ``RunLog``;
     ``context``: more checker context (e.g. ``liveness_bound``); ``options`` go to
     the target (reference engine: ``device``, ``model``, ``runtime``, ``access``,
     ``engine`` — an engine factory a test plants a bug through)."""
     target = targets.get(case.target)
     names = checker_names(case)
     ctx = target.checker_context(case.config)
-    ctx.update(_context(case, names, options.get("model"), reference))
+    ctx.update(_context(case, names, options.get("model"), reference, references))
     ctx.update(context or {})
     monitor = Monitor(make_checkers(names, **ctx), log=log)
     strategy = Replay(choices) if choices is not None else case.schedule.make()
@@ -177,7 +210,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
                    session.runtime)
 
 
-_RUN_OPTIONS = {"choices", "reference", "log", "max_steps", "context", "trace", "device",
+_RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace", "device",
                 "model", "runtime", "access", "detect", "engine"}
 
 
