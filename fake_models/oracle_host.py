@@ -23,21 +23,50 @@ _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
 
 
 def mix(x, *ys):
-    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints)."""
+    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints). In place on its own
+    temporaries: a kernel's arrays hold a few dozen values, so the cost is the ops."""
     for y in ys:
         if isinstance(y, int):
             c = _MIX.get(y)
             if c is None:
                 c = _MIX[y] = (y % M) * 69621 + 12345
-            x = (x * 48271 + c) % M
+            x = x * 48271
+            x += c
         else:
-            x = (x * 48271 + (y % M) * 69621 + 12345) % M
-        x = x ^ (x >> 11)
+            t = y % M
+            t *= 69621
+            x = x * 48271
+            x += t
+            x += 12345
+        x %= M
+        x ^= x >> 11
     return x
 
 
 def term(tokens, positions):
     return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
+
+
+_FACTORS = {}   # (width, shift) -> (positions 0..width-1, their factor at position + shift)
+
+
+def _factors(width: int, shift: int = 0):
+    """``pos = arange(width)`` and ``(pos + shift) * 40503 + 17) % M + 1``, the
+    position half of ``term``, the same for every call on a table of that width."""
+    hit = _FACTORS.get((width, shift))
+    if hit is None:
+        pos = np.arange(width)
+        hit = _FACTORS[(width, shift)] = (pos, ((pos + shift) * 40503 + 17) % M + 1)
+    return hit
+
+
+def _terms(tokens, factor, mask):
+    """``where(mask, term(tokens, positions), 0)`` with ``factor`` from ``_factors``."""
+    t = tokens % M
+    t *= factor
+    t %= M
+    t *= mask
+    return t
 
 
 def kept_sources(n_slots: int, slots, keep):
@@ -61,22 +90,35 @@ def store(dst, slots, new, src=None) -> None:
 
 
 def raw_hash(kv, table, rows, ctx_lens):
-    pos = np.arange(table.shape[1])
+    pos, factor = _factors(table.shape[1])
     mask = pos < ctx_lens[:, None]
     slots = np.where(mask, table[rows], 0)
-    terms = term(kv[:, TOK][slots], pos)
-    return np.where(mask, terms, 0).sum(1) % M
+    return _terms(kv[slots, TOK], factor, mask).sum(1) % M
 
 
 def hash_columns(kv, table, rows, ctx, cols):
     """``oracle_heads._hash_columns``."""
-    pos = np.arange(table.shape[1])
+    width = table.shape[1]
+    pos = _factors(width)[0]
     mask = pos < ctx[:, None]
     vals = kv[np.where(mask, table[rows], 0)]
     h = np.zeros(rows.shape[0], dtype=np.int64)
     for c in cols:
-        h = h + np.where(mask, term(vals[..., c], pos + c), 0).sum(1)
+        h += _terms(vals[..., c], _factors(width, c)[1], mask).sum(1)
     return h % M
+
+
+def _rows(*cols):
+    """``np.stack(cols, axis=-1)`` of equal-shaped 1-d int64 columns (torch.stack
+    refuses unequal ones: so does this)."""
+    n = cols[0].shape
+    for c in cols:
+        if c.shape != n or c.ndim != 1:
+            raise ValueError("stack expects each tensor to be equal size")
+    out = np.empty((n[0], len(cols)), dtype=np.result_type(*cols))
+    for i, c in enumerate(cols):
+        out[:, i] = c
+    return out
 
 
 class OracleHost:
@@ -87,7 +129,7 @@ class OracleHost:
 
     def write_kv(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
         slots = table[rows, pos]
-        new = np.stack([toks, pos, rids], axis=-1)
+        new = _rows(toks, pos, rids)
         store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
 
     write_draft_kv = write_kv
@@ -99,18 +141,25 @@ class OracleHost:
         return raw_hash(kv, table, rows, ctx_lens)[:, None]
 
     def sample(self, h, seeds, positions, seeded):
+        return self._sample(h, seeds, positions, seeded)[0]
+
+    def _sample(self, h, seeds, positions, seeded, need_u=False):
+        """``sample``'s token, and ``u = mix(h, seeds, positions)`` when it was needed
+        (``need_u``, or any ``seeded``; else None)."""
         greedy = mix(h, 1) % self.vocab
+        if not need_u and not seeded.any():
+            return greedy, None       # np.where(False..., other, greedy) is greedy
         u = mix(h, seeds, positions)
         other = (u >> 7) % self.vocab
-        return np.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
+        return np.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy), u
 
     def target(self, kv, table, rows, ctx_lens, seeds, seeded):
         return self.sample(self.context_hash(kv, table, rows, ctx_lens), seeds, ctx_lens, seeded)
 
     def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded):
         h = self.context_hash(draft_kv, table, rows, ctx_lens)
-        like = self.sample(h, seeds, ctx_lens, seeded)
-        agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
+        like, u = self._sample(h, seeds, ctx_lens, seeded, need_u=True)
+        agree = mix(u, self.salt + 7) % 100 < self.agreement   # mix(h, seeds, ctx_lens, salt + 7)
         other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
         return np.where(agree, like, other)
 
@@ -126,7 +175,7 @@ class OracleHost:
     # -- heads (oracle_heads) ---------------------------------------------------------------
     def eagle_write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
         slots = table[rows, pos]
-        new = np.stack([toks, pos, rids, feats[:, 0]], axis=1)
+        new = _rows(toks, pos, rids, feats[:, 0])
         store(ekv, slots, new, None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
     def eagle_out(self, ekv, table, rows, pos, seeds, seeded):
