@@ -84,10 +84,20 @@ def _user_file(fn: str) -> Optional[str]:
     return base
 
 
+_AT: Dict[tuple, str] = {}    # (code, line) of a user's frame -> its ``file:line``
+
+
 def user_frame(depth: int = 2) -> str:
     """``file:line`` of the innermost frame outside the device runtime and the
     detector (the user's call site)."""
     f = sys._getframe(depth)
+    key = (f.f_code, f.f_lineno)
+    at = _AT.get(key)
+    if at is not None:
+        return at
+    if _user_file(f.f_code.co_filename) is not None:
+        at = _AT[key] = f"{_user_file(f.f_code.co_filename)}:{f.f_lineno}"
+        return at
     while f is not None:
         base = _user_file(f.f_code.co_filename)
         if base is not None:
@@ -282,9 +292,13 @@ class Runtime:
         """Buffers allocated through this runtime and not freed: (name, count), by name."""
         return tuple(sorted((k, n) for k, n in self._live.items() if n))
 
-    def _register(self, buf: Buffer) -> Buffer:
+    def _register(self, buf: Buffer, ptr: Optional[int] = None) -> Buffer:
+        """``ptr``: the storage address, when the caller knows it (a reused block)."""
         self._live[buf.name] = self._live.get(buf.name, 0) + 1
-        self._by_storage[buf.t.untyped_storage().data_ptr()] = buf
+        if ptr is None:
+            ptr = buf.t.untyped_storage().data_ptr()
+        buf.ptr = ptr
+        self._by_storage[ptr] = buf
         if self.det is not None:
             self.det.alloc(buf.mem, buf.name, buf.owner)
         return buf
@@ -295,7 +309,7 @@ class Runtime:
         buf.freed = True
         self._live[buf.name] -= 1
         if not keep_lookup:
-            self._by_storage.pop(buf.t.untyped_storage().data_ptr(), None)
+            self._by_storage.pop(buf.ptr, None)
         if self.det is not None:
             self.det.free(buf.mem, [s.ctx for s in buf.pledged])
 
@@ -481,9 +495,20 @@ class Runtime:
         a twin that cannot run, or fails, leaves the work to the kernel itself."""
         twin = getattr(fn, "host_twin", None) if self.host_twins else None
         if twin is not None:
+            arrays = self._arrays
             try:
-                return twin(*[self._host_array(a) if isinstance(a, _Tensor) else a
-                              for a in args], **kwargs)
+                views = []
+                for a in args:
+                    # a cached tensor is alive (the cache holds it), so no other object
+                    # has its id
+                    hit = arrays.get(id(a))
+                    if hit is not None:
+                        views.append(hit[1])
+                    elif isinstance(a, _Tensor):
+                        views.append(self._host_array(a))
+                    else:
+                        views.append(a)
+                return twin(*views, **kwargs)
             except Exception:  # noqa: BLE001 - the kernel reports it where it happens
                 pass
         return fn(*args, **kwargs)

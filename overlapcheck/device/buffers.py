@@ -40,7 +40,7 @@ class Buffer:
     pinned tensor on cuda); ``space`` is device, pinned or pageable. Closures read and
     write ``buf.t``; the host goes through the runtime's accessors."""
 
-    __slots__ = ("name", "t", "space", "mem", "serial", "stream", "pledged", "freed")
+    __slots__ = ("name", "t", "space", "mem", "serial", "stream", "pledged", "freed", "ptr")
 
     def __init__(self, name: str, t: torch.Tensor, space: str, mem: object, serial: int,
                  stream=None):
@@ -52,6 +52,7 @@ class Buffer:
         self.stream = stream
         self.pledged: list = []
         self.freed = False
+        self.ptr = None     # its storage's address, set by the runtime that registers it
 
     @property
     def owner(self) -> str:

@@ -93,8 +93,9 @@ class SimRuntime(Runtime):
         self._opinfo: Dict[str, OpInfo] = {}   # record/wait op names -> their OpInfo
         self._pending = 0
         self._mem = 0
-        # (stream ctx, numel, dtype) -> freed blocks: (flat tensor, mem id, pledges)
-        self._pool: Dict[Tuple, List[Tuple[torch.Tensor, int, List[Tuple[int, int]]]]] = {}
+        # (stream ctx, numel, dtype) -> freed blocks: (the freed buffer's tensor, mem id,
+        # pledges, storage address)
+        self._pool: Dict[Tuple, List[Tuple[torch.Tensor, int, List[Tuple[int, int]], int]]] = {}
         self.calls = 0  # host runtime calls so far (the sim's logical clock)
         # with ``trace``: (stream, op name, host call at which it retired), in order
         self.retired: List[Tuple[str, str, int]] = []
@@ -315,22 +316,26 @@ class SimRuntime(Runtime):
         for x in shape:
             numel *= x
         key = (stream.ctx, numel, dtype)
-        t = mem = None
+        t = mem = ptr = None
         blocks = self._pool.get(key)
         if blocks:
             qs = self._q
             for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
-                flat, m, pledges = blocks[i]
+                old, m, pledges, p = blocks[i]
                 for ctx, upto in pledges:
                     if qs[ctx].known < upto:
                         break
                 else:
                     del blocks[i]
-                    t, mem = flat.view(shape), m
+                    # the freed buffer's own tensor when the shape is the same (closures
+                    # never change a tensor's shape, so it is as good as a new view, and
+                    # the host twins' array cache knows it)
+                    t = old if old.shape == shape else old.view(shape)
+                    mem, ptr = m, p
                     break
         if t is None:
             t, mem = self._fresh(shape, dtype, DEVICE)
-        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
+        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream), ptr)
 
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         self._point()
@@ -345,9 +350,10 @@ class SimRuntime(Runtime):
         # Queued closures may still touch the memory: keep it attributable.
         self._unregister(buf, keep_lookup=True)
         if buf.space == DEVICE:
-            key = (buf.stream.ctx, buf.t.numel(), buf.t.dtype)
+            t = buf.t
+            key = (buf.stream.ctx, t.numel(), t.dtype)
             pledges = [(s.ctx, self._q[s.ctx].enq) for s in buf.pledged]
-            self._pool.setdefault(key, []).append((buf.t.reshape(-1), buf.mem, pledges))
+            self._pool.setdefault(key, []).append((t, buf.mem, pledges, buf.ptr))
 
     # -- device work -------------------------------------------------------------------
     def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
