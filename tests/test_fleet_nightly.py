@@ -21,7 +21,7 @@ def nightly(*args, env=None):
 def test_campaigns_save_to_the_shared_database(tmp_path, redis_server):
     out = str(tmp_path / "out")
     env = dict(os.environ, OVERLAPCHECK_SHARED_DB=redis_server.url)
-    r = nightly("--device", "sim", "--minutes", "1", "--campaign-seconds", "3",
+    r = nightly("--device", "sim", "--minutes", "1", "--campaign-seconds", "10",
                 "--max-campaigns", "1", "--models", "oracle", "--fault", "unaligned-tail-free",
                 "--shrink-seconds", "2", "--seed", "7", "--out", out, "--no-sanitizer", env=env)
     assert r.returncode == 1, r.stdout + r.stderr

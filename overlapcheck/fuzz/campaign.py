@@ -136,7 +136,9 @@ class Campaign:
         o = self.opts
         if o.examples is not None and self.stats.examples >= o.examples:
             return True
-        return o.seconds is not None and self.stats.spent(o.started) >= o.seconds
+        # at least one example, even where start-up took the whole box
+        return (o.seconds is not None and self.stats.examples > 0
+                and self.stats.spent(o.started) >= o.seconds)
 
     def _shrink_over(self, first_failed: float) -> bool:
         """Is this run's shrinking out of time?"""
