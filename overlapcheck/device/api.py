@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from numpy import ndarray as _ndarray
 from torch import Tensor as _Tensor
 
 from ..race import Detector, OpInfo, RaceReport
@@ -84,19 +85,24 @@ def _user_file(fn: str) -> Optional[str]:
     return base
 
 
-_AT: Dict[tuple, str] = {}    # (code, line) of a user's frame -> its ``file:line``
+# (id of a user frame's code, line) -> (the code, its ``file:line``); the code is kept
+# (compared by identity: hashing a code object hashes its bytecode)
+_AT: Dict[tuple, tuple] = {}
 
 
 def user_frame(depth: int = 2) -> str:
     """``file:line`` of the innermost frame outside the device runtime and the
     detector (the user's call site)."""
     f = sys._getframe(depth)
-    key = (f.f_code, f.f_lineno)
-    at = _AT.get(key)
-    if at is not None:
-        return at
-    if _user_file(f.f_code.co_filename) is not None:
-        at = _AT[key] = f"{_user_file(f.f_code.co_filename)}:{f.f_lineno}"
+    code = f.f_code
+    key = (id(code), f.f_lineno)
+    hit = _AT.get(key)
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    base = _user_file(code.co_filename)
+    if base is not None:
+        at = f"{base}:{f.f_lineno}"
+        _AT[key] = (code, at)
         return at
     while f is not None:
         base = _user_file(f.f_code.co_filename)
@@ -554,8 +560,12 @@ class Runtime:
     def _read_rows(buf: Buffer, r):
         return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
 
-    @staticmethod
-    def _write_rows(buf: Buffer, values, rows) -> None:
+    def _write_rows(self, buf: Buffer, values, rows) -> None:
+        if rows is None and type(values) is _ndarray and buf.t.device.type == "cpu":
+            view = self._host_array(buf.t)
+            if values.shape == view.shape and values.dtype == view.dtype:
+                view[...] = values    # a host buffer's own memory: no tensor made of it
+                return
         import torch
         vals = torch.as_tensor(values, dtype=buf.t.dtype)
         if rows is None:
