@@ -47,6 +47,7 @@ def term(tokens, positions):
     return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
 
 
+_sum = np.add.reduce    # x.sum(axis) without ndarray.sum's Python wrapper
 _FACTORS = {}   # (width, shift) -> (positions 0..width-1, their factor at position + shift)
 
 
@@ -93,7 +94,7 @@ def raw_hash(kv, table, rows, ctx_lens):
     pos, factor = _factors(table.shape[1])
     mask = pos < ctx_lens[:, None]
     slots = np.where(mask, table[rows], 0)
-    return _terms(kv[slots, TOK], factor, mask).sum(1) % M
+    return _sum(_terms(kv[slots, TOK], factor, mask), 1) % M
 
 
 def hash_columns(kv, table, rows, ctx, cols):
@@ -104,7 +105,7 @@ def hash_columns(kv, table, rows, ctx, cols):
     vals = kv[np.where(mask, table[rows], 0)]
     h = np.zeros(rows.shape[0], dtype=np.int64)
     for c in cols:
-        h += _terms(vals[..., c], _factors(width, c)[1], mask).sum(1)
+        h += _sum(_terms(vals[..., c], _factors(width, c)[1], mask), 1)
     return h % M
 
 
@@ -147,7 +148,7 @@ class OracleHost:
         """``sample``'s token, and ``u = mix(h, seeds, positions)`` when it was needed
         (``need_u``, or any ``seeded``; else None)."""
         greedy = mix(h, 1) % self.vocab
-        if not need_u and not seeded.any():
+        if not need_u and not np.count_nonzero(seeded):
             return greedy, None       # np.where(False..., other, greedy) is greedy
         u = mix(h, seeds, positions)
         other = (u >> 7) % self.vocab

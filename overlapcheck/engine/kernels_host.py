@@ -42,6 +42,10 @@ def host_twin(kernel):
     return register
 
 
+_sum = np.add.reduce          # x.sum(axis) without ndarray.sum's Python wrapper
+_any = np.logical_or.reduce   # x.any(axis), likewise
+
+
 def _model(model):
     hm = getattr(model, "host", None)
     if hm is None:
@@ -178,7 +182,7 @@ def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
 @host_twin(K.accept)
 def accept(drafts, tgt, out_tok, out_acc, k, b):
     match = (drafts[:b, 1:k + 1] == tgt[:b, :k]).astype(np.int64)
-    out_acc[:b] = match.cumprod(1).sum(1) + 1
+    out_acc[:b] = _sum(match.cumprod(1), 1) + 1
     out_tok[:b, :k + 1] = tgt[:b, :k + 1]
 
 
@@ -211,29 +215,45 @@ def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
 
 
 # -- canary.py -----------------------------------------------------------------------------
+_DIGEST = {}    # table width -> (positions, their digest factors)
+
+
+def _digest_factors(width: int):
+    """``pos = arange(width)`` and ``(pos * 40503 + 17) % DIGEST_M + 1`` (the canary's
+    digest weights, the same for every call on a table of that width)."""
+    hit = _DIGEST.get(width)
+    if hit is None:
+        pos = np.arange(width)
+        hit = _DIGEST[width] = (pos, (pos * 40503 + 17) % C.DIGEST_M + 1)
+    return hit
+
+
 @host_twin(C.canary)
 def canary(kv, table, meta, lens, out, tags, b, prefill):
     tok_c, pos_c, rid_c = tags
     m = meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
-    pos = np.arange(table.shape[1])
+    pos, factor = _digest_factors(table.shape[1])
     mask = pos < n[:, None]
     raw = table[m[:, ROW]]
     valid = (raw >= 0) & (raw < kv.shape[0])
     rows = kv[np.where(mask & valid, raw, 0)]          # [b, width, kv_width]
     bad = mask & (~valid | (rows[..., pos_c] != pos) | (rows[..., rid_c] != m[:, RID, None]))
-    anybad = bad.any(1)
+    anybad = _any(bad, 1)
     first = np.where(anybad, bad.argmax(1), 0)
     at = rows[np.arange(b), first]
-    terms = (rows[..., tok_c] % C.DIGEST_M) * ((pos * 40503 + 17) % C.DIGEST_M + 1) % C.DIGEST_M
+    terms = rows[..., tok_c] % C.DIGEST_M
+    terms *= factor
+    terms %= C.DIGEST_M
+    terms *= mask
     out[:b, C.C_LEN] = n
-    out[:b, C.C_BAD] = bad.sum(1)
+    out[:b, C.C_BAD] = _sum(bad, 1)
     out[:b, C.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
     out[:b, C.C_POS] = np.where(anybad, first, -1)
     out[:b, C.C_TOK] = at[:, tok_c]
     out[:b, C.C_KPOS] = at[:, pos_c]
     out[:b, C.C_RID] = at[:, rid_c]
-    out[:b, C.C_DIGEST] = np.where(mask, terms, 0).sum(1) % C.DIGEST_M
+    out[:b, C.C_DIGEST] = _sum(terms, 1) % C.DIGEST_M
 
 
 # -- backup_check.py -----------------------------------------------------------------------
@@ -264,13 +284,13 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
     src = np.where(mask & valid, src, 0)
     dst = np.where(mask & valid, dst, 0)
     held = host_kv[dst]
-    bad = mask & (~valid | (held != kv[src]).any(-1))
-    anybad = bad.any(1)
+    bad = mask & (~valid | _any(held != kv[src], -1))
+    anybad = _any(bad, 1)
     first = np.where(anybad, bad.argmax(1), 0)
     at = held[np.arange(b), first]
     out[:b, C.BK_START] = s
     out[:b, C.BK_END] = e
-    out[:b, C.BK_BAD] = bad.sum(1)
+    out[:b, C.BK_BAD] = _sum(bad, 1)
     out[:b, C.BK_POS] = np.where(anybad, first, -1)
     out[:b, C.BK_TOK] = at[:, tok_c]
     out[:b, C.BK_KPOS] = at[:, pos_c]
