@@ -22,9 +22,45 @@ FEAT = KV_WIDTH
 _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
 
 
+_I64 = np.dtype(np.int64)
+_SMALL = 32   # up to this many values, mix runs on Python ints (numpy's per-op cost dominates)
+
+
+def _mix_small(x, ys):
+    """``mix`` of a short 1-d ``x`` with values in [0, M) on Python ints: every
+    intermediate stays below 2**50, where int64 and Python ints agree, and ``%`` is
+    the floor modulo in both. None when an operand does not fit that case."""
+    xs = x.tolist()
+    if not xs or min(xs) < 0 or max(xs) >= M:
+        return None
+    cols = []
+    for y in ys:
+        if isinstance(y, int):
+            c = _MIX.get(y)
+            if c is None:
+                c = _MIX[y] = (y % M) * 69621 + 12345
+            cols.append(c)
+        elif type(y) is np.ndarray and y.dtype is _I64 and y.shape == x.shape:
+            cols.append(y.tolist())
+        else:
+            return None
+    for c in cols:
+        if type(c) is int:
+            xs = [(t := (v * 48271 + c) % M) ^ (t >> 11) for v in xs]
+        else:
+            xs = [(t := (v * 48271 + (w % M) * 69621 + 12345) % M) ^ (t >> 11)
+                  for v, w in zip(xs, c)]
+    return np.array(xs, dtype=np.int64)
+
+
 def mix(x, *ys):
-    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints). In place on its own
-    temporaries: a kernel's arrays hold a few dozen values, so the cost is the ops."""
+    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints). A short one on Python
+    ints; else in place on its own temporaries: a kernel's arrays hold a few dozen
+    values, so the cost is the ops."""
+    if x.dtype is _I64 and x.ndim == 1 and x.shape[0] <= _SMALL:
+        out = _mix_small(x, ys)
+        if out is not None:
+            return out
     for y in ys:
         if isinstance(y, int):
             c = _MIX.get(y)
