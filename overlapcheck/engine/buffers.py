@@ -12,7 +12,8 @@ import torch
 
 from .config import EngineConfig
 from .canary import CANARY
-from .kernels import META
+from .future_map import future_slots
+from .kernels import meta_width
 
 
 class DeviceState:
@@ -32,15 +33,19 @@ class DeviceState:
         self.sched.wait_stream(self.fwd)
         rt.launch(self.sched, torch.Tensor.zero_, self.table.t, name="zero_table",
                   writes=[self.table])
-        # FutureMap: rows indexed by request-pool row, written and read by the forward stream.
-        self.fm_tok = rt.empty((cfg.max_running,), i64, "future_token", self.fwd)
-        self.fm_len = rt.empty((cfg.max_running,), i64, "future_len", self.fwd)
+        # FutureMap: slots indexed by request-pool row or ring slot (future_map.py),
+        # written and read by the forward stream
+        self.fm_slots = future_slots(cfg)
+        self.fm_by_row = cfg.future_map == "row"
+        self.fm_tok = rt.empty((self.fm_slots,), i64, "future_token", self.fwd)
+        self.fm_len = rt.empty((self.fm_slots,), i64, "future_len", self.fwd)
         # forward scratch: inputs + drafts, committed lengths, target tokens
         self.drafts = rt.empty((bs, w), i64, "drafts", self.fwd)
         self.lens = rt.empty((bs,), i64, "lens", self.fwd)
         self.tgt = rt.empty((bs, w), i64, "target_tokens", self.fwd)
         # double-buffered pinned staging (host -> device) and results (device -> host)
-        self.meta_pin = [rt.host_empty((bs, META), i64, f"meta_pinned{p}") for p in (0, 1)]
+        self.meta_pin = [rt.host_empty((bs, meta_width(cfg)), i64, f"meta_pinned{p}")
+                         for p in (0, 1)]
         self.cells_pin = [rt.host_empty((cfg.staged_cells, 3), i64, f"cells_pinned{p}")
                           for p in (0, 1)]
         self.ptok_pin = [rt.host_empty((cfg.chunk_size, 4), i64, f"prefill_tokens_pinned{p}")
@@ -51,7 +56,8 @@ class DeviceState:
         self.done = [rt.new_event(f"copy_done{p}") for p in (0, 1)]
         self.war = rt.new_event("table_reads_done")
         self.kv_buffers = [self.target_kv]     # drafters add their KV buffers
-        self.row_buffers = [self.table, self.fm_tok, self.fm_len]   # and their FutureMap rows
+        self.row_buffers = [self.table]        # and their FutureMap buffers (future_buffer)
+        self.future_buffer(self.fm_tok, self.fm_len)
         # seq_lens_sum: the attention metadata's total length, on the device; with
         # verify_sync the host computes it from the previous verify's published lengths
         self.lens_sum = rt.empty((1,), i64, "seq_lens_sum", self.fwd)
@@ -77,6 +83,12 @@ class DeviceState:
                            for p in (0, 1)]
         self.forward_done = rt.new_event("forward_done")
         self.backup_done = rt.new_event("backup_done")
+
+    def future_buffer(self, *bufs) -> None:
+        """FutureMap buffers: indexed by row, they change owner with the row; a ring's
+        slots belong to no request (the host keeps pending ones from reuse)."""
+        if self.fm_by_row:
+            self.row_buffers.extend(bufs)
 
     def transfer_host_slots(self, slots: Iterable[int], owner) -> None:
         """Host-pool slots change owner (None: freed)."""

@@ -11,6 +11,7 @@ from ..faults import check_names
 from .drafts import check_kind
 
 RESERVE_RULES = ("double", "exact")
+FUTURE_MAPS = ("row", "ring")   # engine/future_map.py
 MODELS = ("oracle", "oracle-hostlens", "tiny")   # oracle-hostlens: its draft reads seq_lens_cpu
 
 
@@ -55,6 +56,11 @@ class EngineConfig:
       request and compares it with the target KV, the verdict riding the KV canary record
       (``engine/backup_check.py``). Off only in configs recorded before it existed, so
       that their runs replay as they were.
+    * ``future_map``: how the FutureMap is indexed (``engine/future_map.py``, docs/design.md
+      §4.11): ``row`` (the default) by request-pool row; ``ring`` by slots a running
+      counter hands out over a ring, as SGLang's overlap scheduler does (every batch
+      entry, chunks and padding included, takes a slot; the next batch reads where the
+      last one wrote).
     """
 
     page_size: int = 1
@@ -74,6 +80,7 @@ class EngineConfig:
     kv_backup: bool = False    # back decode KV up to a host pool on its own stream (seed 003)
     zero_bubble: bool = False  # draft the next round after the draft-extend (seed 000)
     backup_canary: bool = True  # with kv_backup: read the host pool back and compare it
+    future_map: str = "row"     # FutureMap indexed by request-pool row or ring slot
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -101,6 +108,8 @@ class EngineConfig:
         need(self.draft_reserve in RESERVE_RULES,
              f"draft_reserve must be one of {', '.join(RESERVE_RULES)}, got {self.draft_reserve!r}")
         check_kind(self.draft_kind)
+        need(self.future_map in FUTURE_MAPS,
+             f"future_map must be one of {', '.join(FUTURE_MAPS)}, got {self.future_map!r}")
         need(isinstance(self.model, str) and (self.model in MODELS + ("trained",) or (
             self.model.startswith(("hf:", "random:")) and self.model.split(":", 1)[1] != "")),
              f"model must be one of {', '.join(MODELS)}, trained, hf:DIR or random:NAME, "

@@ -32,8 +32,10 @@ from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPL
                       START, gate_mask, round_tokens)
 
 
-def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b):
-    """Pairs of the staged prompt tokens; on a last chunk, the final pair and the stash."""
+def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
+                  dst=ROW):
+    """Pairs of the staged prompt tokens; on a last chunk, the final pair and the stash
+    (at the FutureMap slot in meta column ``dst``)."""
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
     pos = (q - 1).clamp(min=0)
@@ -45,16 +47,19 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     feats = model.target_hidden(kv, table, mrows, ctx)
     head.write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
     g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
-    fm_draft[mrows] = torch.where(last, d1, fm_draft[mrows])
-    fm_hid[mrows] = torch.where(last.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[mrows])
+    slots = m[:, dst]
+    fm_draft[slots] = torch.where(last, d1, fm_draft[slots])
+    fm_hid[slots] = torch.where(last.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[slots])
 
 
-def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None):
-    """Draft step 1: the first draft token and the hidden state, from the FutureMap."""
+def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None,
+                  src=ROW):
+    """Draft step 1: the first draft token and the hidden state, from the FutureMap slot
+    in meta column ``src``."""
     m = meta[:b]
-    rows = m[:, ROW]
-    drafts[:b, 1] = round_tokens(model, m, lens[:b], fm_draft[rows], drafts[:b, 1], gate, hcol)
-    hid[:b] = fm_hid[rows]
+    slots = m[:, src]
+    drafts[:b, 1] = round_tokens(model, m, lens[:b], fm_draft[slots], drafts[:b, 1], gate, hcol)
+    hid[:b] = fm_hid[slots]
 
 
 def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
@@ -70,10 +75,10 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 
 
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                 width, b, by_position=False):
+                 width, b, by_position=False, dst=ROW):
     """Pairs of the accepted positions from the verify's tokens and the target's hidden
     states; the head at the last one gives the next step's draft input, stashed at the
-    request's FutureMap row (at its batch position under the fault
+    request's FutureMap slot (meta column ``dst``; at its batch position under the fault
     ``eagle-stash-batch-position``)."""
     m = meta[:b]
     offs = torch.arange(width, device=kv.device)
@@ -86,7 +91,7 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
                keep=keep)
     last = lens[:b] + out_acc[:b] - 1
     g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
-    dest = torch.arange(b, device=kv.device) if by_position else m[:, ROW]
+    dest = torch.arange(b, device=kv.device) if by_position else m[:, dst]
     fm_draft[dest] = d1
     fm_hid[dest] = g.to(fm_hid.dtype)
 
@@ -108,31 +113,31 @@ class EagleDraft:
                             "eagle_kv", dev.fwd)
         dev.kv_buffers.append(self.ekv)
         # FutureMap rows of the next step's draft input
-        self.fm_draft = rt.empty((rows,), torch.int64, "future_draft_token", dev.fwd)
-        self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
-        dev.row_buffers += [self.fm_draft, self.fm_hid]
+        self.fm_draft = rt.empty((dev.fm_slots,), torch.int64, "future_draft_token", dev.fwd)
+        self.fm_hid = rt.empty((dev.fm_slots, hw), hd, "future_hidden", dev.fwd)
+        dev.future_buffer(self.fm_draft, self.fm_hid)
         self.hid = rt.empty((rows, hw), hd, "draft_hidden", dev.fwd)
 
-    def _fm(self, rows):
-        return [self.fm_draft.rows(rows), self.fm_hid.rows(rows)]
+    def _fm(self, slots):
+        return [self.fm_draft.rows(slots), self.fm_hid.rows(slots)]
 
     def launch_prefill(self, st, meta, b: int) -> List[str]:
         dev, rt = self.dev, self.dev.rt
         ptok, slots = st.staged[2], st.batch.slots_read
         rt.launch(dev.fwd, eagle_prefill, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, ptok.t, meta.t, st.out_tok.t, self.fm_draft.t, self.fm_hid.t,
-                  st.n_tok, b, name="eagle_prefill",
+                  st.n_tok, b, st.dst, name="eagle_prefill",
                   reads=[dev.target_kv.rows(slots), self.ekv.rows(slots), dev.table.rows(st.rows),
-                         ptok, meta, st.out_tok] + self._fm(st.rows),
-                  writes=[self.ekv.rows(slots)] + self._fm(st.rows))
+                         ptok, meta, st.out_tok] + self._fm(st.fdst),
+                  writes=[self.ekv.rows(slots)] + self._fm(st.fdst))
         return ["eagle_prefill"]
 
     def launch_drafts(self, st, meta, table_r, b: int, rnd) -> List[str]:
         dev, rt, pre = self.dev, self.dev.rt, rnd.prefix
         ekv_s = self.ekv.rows(st.batch.slots_read)
         rt.launch(dev.fwd, eagle_resolve, self.model, self.fm_draft.t, self.fm_hid.t, meta.t,
-                  rnd.drafts.t, rnd.lens.t, self.hid.t, b, rnd.gate, rnd.hcol,
-                  name=f"{pre}draft1", reads=self._fm(st.rows) + [meta, rnd.drafts, rnd.lens],
+                  rnd.drafts.t, rnd.lens.t, self.hid.t, b, rnd.gate, rnd.hcol, rnd.fcol,
+                  name=f"{pre}draft1", reads=self._fm(rnd.fslots) + [meta, rnd.drafts, rnd.lens],
                   writes=[rnd.drafts, self.hid])
         names = [f"{pre}draft1"]
         for j in range(2, dev.cfg.spec_steps + 1):
@@ -151,10 +156,10 @@ class EagleDraft:
         # fault: the stash is indexed like the verify outputs (batch position), not by
         # request-pool row: the next step resolves another request's draft input
         by_pos = self.faults.on("eagle-stash-batch-position")
-        dest = range(b) if by_pos else st.rows
+        dest = range(b) if by_pos else st.fdst
         rt.launch(dev.fwd, eagle_extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, meta.t, dev.lens.t, st.out_tok.t, st.out_acc.t, self.fm_draft.t,
-                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, name="draft_extend",
+                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, st.dst, name="draft_extend",
                   reads=[dev.target_kv.rows(slots), ekv_s, table_r, meta, dev.lens, st.out_tok,
                          st.out_acc],
                   writes=[ekv_s] + self._fm(dest))

@@ -31,32 +31,37 @@ from ..faults import FaultSet
 from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens
 
 
-def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
-    """Last prefill chunk: stash the target's hidden state at ``P - 1``."""
+def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
+    """Last prefill chunk: stash the target's hidden state at ``P - 1`` (FutureMap slot in
+    meta column ``dst``)."""
     m = meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
     h = model.target_hidden(kv, table, rows, m[:, START] + m[:, N]).to(fm_hid.dtype)
-    fm_hid[rows] = torch.where(last.unsqueeze(1), h, fm_hid[rows])
+    slots = m[:, dst]
+    fm_hid[slots] = torch.where(last.unsqueeze(1), h, fm_hid[slots])
 
 
 def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
-             gate=None, hcol=None):
+             gate=None, hcol=None, src=ROW):
     """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``,
     attending to the target KV of positions ``0..lens-1+frozen`` (``frozen`` is 0 but
-    under the fault ``mtp-draft-reads-unfrozen-kv``)."""
+    under the fault ``mtp-draft-reads-unfrozen-kv``); step 1 starts from the hidden state
+    at the FutureMap slot in meta column ``src``."""
     m = meta[:b]
     rows = m[:, ROW]
-    feats = fm_hid[rows] if j == 1 else hid[:b]
+    feats = fm_hid[m[:, src]] if j == 1 else hid[:b]
     g, d = head.step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
                      feats, m[:, SEED], m[:, SEEDED] == 1)
     drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
     hid[:b] = g.to(hid.dtype)
 
 
-def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b):
-    """After the verify: the target's hidden state at the new last committed position."""
+def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b, dst=ROW):
+    """After the verify: the target's hidden state at the new last committed position
+    (FutureMap slot in meta column ``dst``)."""
     rows = meta[:b, ROW]
-    fm_hid[rows] = model.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).to(fm_hid.dtype)
+    fm_hid[meta[:b, dst]] = model.target_hidden(kv, table, rows,
+                                                lens[:b] + out_acc[:b]).to(fm_hid.dtype)
 
 
 class MTPDraft:
@@ -72,15 +77,15 @@ class MTPDraft:
         self.ahead_writes = 0      # no draft KV: a pre-drafted round needs no reserve
         rt, rows = dev.rt, dev.cfg.max_running
         hw, hd = model.hidden_width, model.hidden_dtype
-        self.fm_hid = rt.empty((rows, hw), hd, "future_hidden", dev.fwd)
-        dev.row_buffers.append(self.fm_hid)
+        self.fm_hid = rt.empty((dev.fm_slots, hw), hd, "future_hidden", dev.fwd)
+        dev.future_buffer(self.fm_hid)
         self.hid = rt.empty((rows, hw), hd, "draft_hidden", dev.fwd)
 
     def launch_prefill(self, st, meta, b: int) -> List[str]:
         dev, rt = self.dev, self.dev.rt
-        fm = self.fm_hid.rows(st.rows)
+        fm = self.fm_hid.rows(st.fdst)
         rt.launch(dev.fwd, mtp_prefill_seed, self.model, dev.target_kv.t, dev.table.t, meta.t,
-                  self.fm_hid.t, b, name="mtp_seed",
+                  self.fm_hid.t, b, st.dst, name="mtp_seed",
                   reads=[dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows), meta,
                          fm], writes=[fm])
         return ["mtp_seed"]
@@ -91,14 +96,14 @@ class MTPDraft:
         names = []
         unfrozen = self.faults.on("mtp-draft-reads-unfrozen-kv")
         for j in range(1, dev.cfg.spec_steps + 1):
-            src = self.fm_hid.rows(st.rows) if j == 1 else self.hid
+            src = self.fm_hid.rows(rnd.fslots) if j == 1 else self.hid
             # fault: step j also attends to the j-1 positions it is drafting, whose slots
             # hold a rejected draft's KV (the verify below overwrites it) or a recycled
             # owner's
             frozen = j - 1 if unfrozen else 0
             rt.launch(dev.fwd, mtp_step, self.model, self.head, dev.target_kv.t, dev.table.t,
                       meta.t, rnd.drafts.t, rnd.lens.t, self.fm_hid.t, self.hid.t, j, b, frozen,
-                      rnd.gate, rnd.hcol, name=f"{rnd.prefix}draft{j}",
+                      rnd.gate, rnd.hcol, rnd.fcol, name=f"{rnd.prefix}draft{j}",
                       reads=[kv_s, table_r, meta, rnd.drafts, rnd.lens, src],
                       writes=[rnd.drafts, self.hid])
             names.append(f"{rnd.prefix}draft{j}")
@@ -106,9 +111,9 @@ class MTPDraft:
 
     def launch_extend(self, st, meta, table_r, b: int) -> List[str]:
         dev, rt = self.dev, self.dev.rt
-        fm = self.fm_hid.rows(st.rows)
+        fm = self.fm_hid.rows(st.fdst)
         rt.launch(dev.fwd, mtp_seed, self.model, dev.target_kv.t, dev.table.t, meta.t,
-                  dev.lens.t, st.out_acc.t, self.fm_hid.t, b, name="mtp_seed",
+                  dev.lens.t, st.out_acc.t, self.fm_hid.t, b, st.dst, name="mtp_seed",
                   reads=[dev.target_kv.rows(st.batch.slots_read), table_r, meta, dev.lens,
                          st.out_acc], writes=[fm])
         return ["mtp_seed"]

@@ -42,12 +42,16 @@ from .types import PREFILL, Batch
 class Round:
     """Where one draft round runs: its drafts scratch and start lengths (buffers), the
     meta column gating its entries (None: all of them), the column of its host lengths
-    (None: the model does not read them); ``prefix`` names its launches."""
+    (None: the model does not read them); ``prefix`` names its launches. ``fcol`` and
+    ``fslots``: the meta column and the FutureMap slots its first draft step reads the
+    stashed draft input from (the step's resolve slots at the decode's start; for a
+    pre-drafted round the slots this decode's draft-extend just stashed into)."""
 
-    __slots__ = ("drafts", "lens", "gate", "hcol", "prefix")
+    __slots__ = ("drafts", "lens", "gate", "hcol", "prefix", "fcol", "fslots")
 
-    def __init__(self, drafts, lens, gate, hcol, prefix=""):
+    def __init__(self, drafts, lens, gate, hcol, prefix="", fcol=K.ROW, fslots=frozenset()):
         self.drafts, self.lens, self.gate, self.hcol, self.prefix = drafts, lens, gate, hcol, prefix
+        self.fcol, self.fslots = fcol, fslots
 
 
 class DraftRounds:
@@ -65,8 +69,9 @@ class DraftRounds:
         self._ahead: List[int] = []
         if self.on:
             rt, bs = dev.rt, cfg.max_running
-            self.fm_drafts = rt.empty((bs, self.k), torch.int64, "future_drafts", dev.fwd)
-            dev.row_buffers.append(self.fm_drafts)
+            self.fm_drafts = rt.empty((dev.fm_slots, self.k), torch.int64, "future_drafts",
+                                      dev.fwd)
+            dev.future_buffer(self.fm_drafts)
             self.next_drafts = rt.empty((bs, self.k + 1), torch.int64, "next_drafts", dev.fwd)
             self.next_lens = rt.empty((bs,), torch.int64, "next_lens", dev.fwd)
 
@@ -106,13 +111,14 @@ class DraftRounds:
         a pre-drafted round, drafted now for the others."""
         dev, rt, ops = self.dev, self.dev.rt, []
         if self.on and not all(self._now):
-            fm = self.fm_drafts.rows(st.rows)
+            fm = self.fm_drafts.rows(st.fsrc)
             rt.launch(dev.fwd, K.restore, self.fm_drafts.t, meta.t, dev.drafts.t, self.k, b,
-                      name="restore", reads=[fm, meta, dev.drafts], writes=[dev.drafts])
+                      st.src, name="restore", reads=[fm, meta, dev.drafts], writes=[dev.drafts])
             ops.append("restore")
         if any(self._now):
             gate = None if all(self._now) else K.NOW
-            rnd = Round(dev.drafts, dev.lens, gate, K.HLEN if self.host_lens else None)
+            rnd = Round(dev.drafts, dev.lens, gate, K.HLEN if self.host_lens else None,
+                        fcol=st.src, fslots=st.fsrc)
             ops += self.drafter.launch_drafts(st, meta, table_r, b, rnd)
         return ops
 
@@ -126,9 +132,10 @@ class DraftRounds:
                   nl.t, b, name="next_input", reads=[meta, dev.lens, st.out_tok, st.out_acc],
                   writes=[nd, nl])
         gate = None if all(self._ahead) else K.AHEAD
-        rnd = Round(nd, nl, gate, K.HNEXT if self.host_lens else None, "next_")
+        rnd = Round(nd, nl, gate, K.HNEXT if self.host_lens else None, "next_",
+                    fcol=st.dst, fslots=st.fdst)
         ops = ["next_input"] + self.drafter.launch_drafts(st, meta, table_r, b, rnd)
-        fm = self.fm_drafts.rows(st.rows)
-        rt.launch(dev.fwd, K.ahead_stash, self.fm_drafts.t, meta.t, nd.t, self.k, b,
+        fm = self.fm_drafts.rows(st.fdst)
+        rt.launch(dev.fwd, K.ahead_stash, self.fm_drafts.t, meta.t, nd.t, self.k, b, st.dst,
                   name="stash_drafts", reads=[meta, nd, fm], writes=[fm])
         return ops + ["stash_drafts"]

@@ -2,10 +2,13 @@
 as an argument (bound at launch) and communicates only through buffers; Python ints
 (batch sizes, k) are bound at launch too. Nothing here reads host state.
 
-Staged metadata, one row per batch entry (``META`` columns), is copied from pinned
+Staged metadata, one row per batch entry (``meta_width`` columns), is copied from pinned
 host memory on the schedule stream. Decode state lives in the FutureMap
-(``fm_tok[row]``: the next input token, ``fm_len[row]``: the committed length; with
-zero bubble ``fm_drafts[row]``: the pre-drafted round's k draft tokens).
+(``fm_tok[slot]``: the next input token, ``fm_len[slot]``: the committed length; with
+zero bubble ``fm_drafts[slot]``: the pre-drafted round's k draft tokens). A kernel that
+resolves takes the meta column of the slot it reads (``src``), one that stashes the
+column of the slot it writes (``dst``): ``ROW`` for the row-indexed FutureMap,
+``FSRC``/``FDST`` for the ring (``future_map``).
 
 Draft kernels take the round they draft (``drafts``, ``lens``: the round's scratch and
 start lengths) and two optional meta columns: ``gate``, the entries the round drafts for
@@ -22,6 +25,14 @@ ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT, LSUM = range(10)
 # the host's sequence lengths (seq_lens_cpu) of this round and of the pre-drafted one
 NOW, AHEAD, HLEN, HNEXT = range(10, 14)
 META = 14
+# the ring FutureMap (future_map.py): the slot an entry resolves from and the one it
+# stashes into; with the row-indexed FutureMap both are the ROW column (not staged)
+FSRC, FDST = range(14, 16)
+
+
+def meta_width(cfg) -> int:
+    """Columns of the staged metadata: ``META``, and the ring's two slot columns."""
+    return META + 2 if cfg.future_map == "ring" else META
 # prefill token staging columns: row, position, token, request id
 P_ROW, P_POS, P_TOK, P_RID = range(4)
 
@@ -52,7 +63,7 @@ def prefill_write(model, kv, draft_kv, table, ptok, n):
         model.write_draft_kv(draft_kv, *args)
 
 
-def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
+def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, dst=ROW):
     """Sample the first output token where a chunk ends the prompt; stash the next
     decode input (sampled, or host-known after a retraction) into the FutureMap."""
     m = meta[:b]
@@ -62,15 +73,16 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
     out_tok[:b, 0] = torch.where(sample, t, -1)
     out_acc[:b] = sample.long()
     nxt = torch.where(sample, t, m[:, NEXT])
-    fm_tok[rows] = torch.where(last, nxt, fm_tok[rows])
-    fm_len[rows] = torch.where(last, ctx, fm_len[rows])
+    slots = m[:, dst]
+    fm_tok[slots] = torch.where(last, nxt, fm_tok[slots])
+    fm_len[slots] = torch.where(last, ctx, fm_len[slots])
 
 
-def resolve(fm_tok, fm_len, meta, drafts, lens, b):
+def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):
     """Read this step's inputs from the FutureMap (stashed by an earlier step)."""
-    rows = meta[:b, ROW]
-    drafts[:b, 0] = fm_tok[rows]
-    lens[:b] = fm_len[rows]
+    slots = meta[:b, src]
+    drafts[:b, 0] = fm_tok[slots]
+    lens[:b] = fm_len[slots]
 
 
 def seq_lens_sum(meta, lens, out, b, from_host):
@@ -120,11 +132,11 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
     drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
 
 
-def restore(fm_drafts, meta, drafts, k, b):
+def restore(fm_drafts, meta, drafts, k, b, src=ROW):
     """Zero bubble: the drafts of entries with a pre-drafted round, from the FutureMap."""
     m = meta[:b]
     pre = (m[:, NOW] == 0).unsqueeze(1)
-    drafts[:b, 1:k + 1] = torch.where(pre, fm_drafts[m[:, ROW]], drafts[:b, 1:k + 1])
+    drafts[:b, 1:k + 1] = torch.where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
 
 
 def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
@@ -135,10 +147,10 @@ def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
     next_lens[:b] = torch.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
 
 
-def ahead_stash(fm_drafts, meta, next_drafts, k, b):
-    """Zero bubble: stash the pre-drafted round's k drafts at the request's FutureMap row."""
-    rows, ahead = meta[:b, ROW], (meta[:b, AHEAD] == 1).unsqueeze(1)
-    fm_drafts[rows] = torch.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[rows])
+def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
+    """Zero bubble: stash the pre-drafted round's k drafts at the request's FutureMap slot."""
+    slots, ahead = meta[:b, dst], (meta[:b, AHEAD] == 1).unsqueeze(1)
+    fm_drafts[slots] = torch.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
 
 def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
@@ -177,11 +189,11 @@ def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
                          rid, keep=keep)
 
 
-def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b):
+def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
     """Publish the next step's input: the bonus token and the new committed length."""
-    rows, acc = meta[:b, ROW], out_acc[:b]
-    fm_tok[rows] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
-    fm_len[rows] = lens[:b] + acc
+    slots, acc = meta[:b, dst], out_acc[:b]
+    fm_tok[slots] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
+    fm_len[slots] = lens[:b] + acc
 
 
 def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):

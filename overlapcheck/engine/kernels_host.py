@@ -91,7 +91,7 @@ def prefill_write(model, kv, draft_kv, table, ptok, n):
 
 
 @host_twin(K.prefill_finish)
-def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
+def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, dst=ROW):
     hm = _model(model)
     m = meta[:b]
     rows, ctx = m[:, ROW], m[:, START] + m[:, N]
@@ -100,15 +100,16 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b):
     out_tok[:b, 0] = np.where(sample, t, -1)
     out_acc[:b] = sample
     nxt = np.where(sample, t, m[:, NEXT])
-    fm_tok[rows] = np.where(last, nxt, fm_tok[rows])
-    fm_len[rows] = np.where(last, ctx, fm_len[rows])
+    slots = m[:, dst]
+    fm_tok[slots] = np.where(last, nxt, fm_tok[slots])
+    fm_len[slots] = np.where(last, ctx, fm_len[slots])
 
 
 @host_twin(K.resolve)
-def resolve(fm_tok, fm_len, meta, drafts, lens, b):
-    rows = meta[:b, ROW]
-    drafts[:b, 0] = fm_tok[rows]
-    lens[:b] = fm_len[rows]
+def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):
+    slots = meta[:b, src]
+    drafts[:b, 0] = fm_tok[slots]
+    lens[:b] = fm_len[slots]
 
 
 @host_twin(K.seq_lens_sum)
@@ -146,10 +147,10 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
 
 
 @host_twin(K.restore)
-def restore(fm_drafts, meta, drafts, k, b):
+def restore(fm_drafts, meta, drafts, k, b, src=ROW):
     m = meta[:b]
     pre = (m[:, NOW] == 0)[:, None]
-    drafts[:b, 1:k + 1] = np.where(pre, fm_drafts[m[:, ROW]], drafts[:b, 1:k + 1])
+    drafts[:b, 1:k + 1] = np.where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
 
 
 @host_twin(K.ahead_start)
@@ -161,9 +162,9 @@ def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
 
 
 @host_twin(K.ahead_stash)
-def ahead_stash(fm_drafts, meta, next_drafts, k, b):
-    rows, ahead = meta[:b, ROW], (meta[:b, AHEAD] == 1)[:, None]
-    fm_drafts[rows] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[rows])
+def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
+    slots, ahead = meta[:b, dst], (meta[:b, AHEAD] == 1)[:, None]
+    fm_drafts[slots] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
 
 @host_twin(K.verify)
@@ -198,10 +199,10 @@ def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
 
 
 @host_twin(K.stash)
-def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b):
-    rows, acc = meta[:b, ROW], out_acc[:b]
-    fm_tok[rows] = _gather_last(out_tok, acc, b)
-    fm_len[rows] = lens[:b] + acc
+def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
+    slots, acc = meta[:b, dst], out_acc[:b]
+    fm_tok[slots] = _gather_last(out_tok, acc, b)
+    fm_len[slots] = lens[:b] + acc
 
 
 @host_twin(K.decode)
@@ -299,7 +300,8 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
 
 # -- drafts_eagle.py -----------------------------------------------------------------------
 @host_twin(DE.eagle_prefill)
-def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b):
+def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
+                  dst=ROW):
     hm = _model(model)
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
@@ -312,17 +314,19 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     feats = hm.target_hidden(kv, table, mrows, ctx)
     hm.eagle_write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
     g, d1 = hm.eagle_out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
-    fm_draft[mrows] = np.where(last, d1, fm_draft[mrows])
-    fm_hid[mrows] = np.where(last[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[mrows])
+    slots = m[:, dst]
+    fm_draft[slots] = np.where(last, d1, fm_draft[slots])
+    fm_hid[slots] = np.where(last[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[slots])
 
 
 @host_twin(DE.eagle_resolve)
-def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None):
+def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None,
+                  src=ROW):
     hm = _model(model)
     m = meta[:b]
-    rows = m[:, ROW]
-    drafts[:b, 1] = _round_tokens(hm, m, lens[:b], fm_draft[rows], drafts[:b, 1], gate, hcol)
-    hid[:b] = fm_hid[rows]
+    slots = m[:, src]
+    drafts[:b, 1] = _round_tokens(hm, m, lens[:b], fm_draft[slots], drafts[:b, 1], gate, hcol)
+    hid[:b] = fm_hid[slots]
 
 
 @host_twin(DE.eagle_step)
@@ -339,7 +343,7 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 
 @host_twin(DE.eagle_extend)
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                 width, b, by_position=False):
+                 width, b, by_position=False, dst=ROW):
     hm = _model(model)
     m = meta[:b]
     offs = np.arange(width)
@@ -351,28 +355,29 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
                    _flat(m[:, RID], b, width), keep=keep)
     last = lens[:b] + out_acc[:b] - 1
     g, d1 = hm.eagle_out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
-    dest = np.arange(b) if by_position else m[:, ROW]
+    dest = np.arange(b) if by_position else m[:, dst]
     fm_draft[dest] = d1
     fm_hid[dest] = g.astype(fm_hid.dtype, copy=False)
 
 
 # -- drafts_mtp.py -------------------------------------------------------------------------
 @host_twin(DM.mtp_prefill_seed)
-def mtp_prefill_seed(model, kv, table, meta, fm_hid, b):
+def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     hm = _model(model)
     m = meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
     h = hm.target_hidden(kv, table, rows, m[:, START] + m[:, N]).astype(fm_hid.dtype, copy=False)
-    fm_hid[rows] = np.where(last[:, None], h, fm_hid[rows])
+    slots = m[:, dst]
+    fm_hid[slots] = np.where(last[:, None], h, fm_hid[slots])
 
 
 @host_twin(DM.mtp_step)
 def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
-             gate=None, hcol=None):
+             gate=None, hcol=None, src=ROW):
     hm = _model(model)
     m = meta[:b]
     rows = m[:, ROW]
-    feats = fm_hid[rows] if j == 1 else hid[:b]
+    feats = fm_hid[m[:, src]] if j == 1 else hid[:b]
     g, d = hm.mtp_step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
                        feats, m[:, SEED], m[:, SEEDED] == 1)
     drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
@@ -380,8 +385,8 @@ def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, froz
 
 
 @host_twin(DM.mtp_seed)
-def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b):
+def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b, dst=ROW):
     hm = _model(model)
     rows = meta[:b, ROW]
-    fm_hid[rows] = hm.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).astype(
+    fm_hid[meta[:b, dst]] = hm.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).astype(
         fm_hid.dtype, copy=False)

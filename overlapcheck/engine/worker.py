@@ -30,6 +30,7 @@ from .buffers import DeviceState
 from ..faults import FaultSet
 from .drafts import make_drafter
 from .drafts_round import DraftRounds
+from .future_map import make_future_map
 from .types import PREFILL, SEEDED, Batch
 
 
@@ -39,6 +40,9 @@ class SpecWorker:
         cfg = dev.cfg
         self.k = cfg.spec_steps
         self.spec = cfg.spec
+        self.future = make_future_map(cfg, requests)
+        # meta columns of the FutureMap slot an entry resolves from / stashes into
+        self.src, self.dst = (K.FSRC, K.FDST) if self.future.ring else (K.ROW, K.ROW)
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
         self.rounds = DraftRounds(dev, model, self.drafter, requests) if cfg.spec else None
         self.declared_syncs = 0
@@ -74,17 +78,20 @@ class SpecWorker:
         # summed as the device would, in int64 (an in-flight read may be poison)
         return int(torch.tensor(list(known.values()), dtype=torch.int64).sum())
 
-    def _stage(self, batch: Batch, p: int) -> Tuple[int, int]:
+    def _stage(self, batch: Batch, p: int) -> Tuple[int, int, list]:
         dev, rt = self.dev, self.dev.rt
         lsum = self._lens_sum(batch)
         bs = dev.meta_pin[p].t.shape[0]
         entries = batch.entries
         rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * bs
+        fut = self.future.assign(batch)
+        ring = self.future.ring
         meta, ptok = [], []
         for i, e in enumerate(entries):
             spec = self.requests[e.rid].spec
             meta.append([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED), e.start, e.n,
-                         int(e.sample), int(e.last), e.next_token, lsum] + rounds[i])
+                         int(e.sample), int(e.last), e.next_token, lsum] + rounds[i]
+                        + (list(fut[i]) if ring else []))
             row, start, rid = e.row, e.start, e.rid
             ptok += [[row, start + j, tok, rid] for j, tok in enumerate(e.tokens)]
         staged = K.table_cells(batch.cells, dev.table.t.shape)
@@ -95,7 +102,7 @@ class SpecWorker:
         if self.backup and batch.host_cells:
             host = K.table_cells(batch.host_cells, dev.host_table.t.shape)
             rt.host_write(dev.hcells_pin[p], _staged(host, dev.hcells_pin[p].t.shape))
-        return len(staged), len(ptok)
+        return len(staged), len(ptok), fut
 
     # -- launch ------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> List[str]:
@@ -103,7 +110,7 @@ class SpecWorker:
         dev, rt = self.dev, self.dev.rt
         p = batch.bid % 2
         sp = 0 if self.faults.on("single-staging-buffer") else p   # fault: one staging buffer
-        n_cells, n_tok = self._stage(batch, sp)
+        n_cells, n_tok, fut = self._stage(batch, sp)
         s, f, c = dev.sched, dev.fwd, dev.copy
         waits_backup = self.backup and not self.faults.on("backup-not-waited")
         if not self.faults.on("no-war-barrier"):
@@ -133,7 +140,7 @@ class SpecWorker:
         out_acc = rt.empty(dev.acc_pin[p].t.shape, torch.int64, "out_accept", f)
         out_can = (rt.empty(dev.can_pin[p].t.shape, torch.int64, "out_canary", f)
                    if self.tags else None)
-        step = _Step(batch, staged, out_tok, out_acc, n_tok, out_can)
+        step = _Step(batch, staged, out_tok, out_acc, n_tok, out_can, fut, (self.src, self.dst))
         if batch.kind == PREFILL:
             ops += self._prefill(step)
         else:
@@ -194,12 +201,11 @@ class SpecWorker:
         rt.launch(dev.fwd, K.prefill_write, self.model, dev.target_kv.t,
                   draft_kv.t if draft_kv is not None else None, dev.table.t, ptok.t, st.n_tok,
                   name="prefill", reads=[ptok, dev.table.rows(rows)], writes=kv_regions)
+        fm = [dev.fm_tok.rows(st.fdst), dev.fm_len.rows(st.fdst)]
         rt.launch(dev.fwd, K.prefill_finish, self.model, dev.target_kv.t, dev.table.t,
-                  dev.fm_tok.t, dev.fm_len.t, meta.t, st.out_tok.t, st.out_acc.t, b,
-                  name="prefill_sample",
-                  reads=[kv_s, dev.table.rows(rows), meta, dev.fm_tok.rows(rows),
-                         dev.fm_len.rows(rows)],
-                  writes=[st.out_tok, st.out_acc, dev.fm_tok.rows(rows), dev.fm_len.rows(rows)])
+                  dev.fm_tok.t, dev.fm_len.t, meta.t, st.out_tok.t, st.out_acc.t, b, self.dst,
+                  name="prefill_sample", reads=[kv_s, dev.table.rows(rows), meta] + fm,
+                  writes=[st.out_tok, st.out_acc] + fm)
         ops = ["prefill", "prefill_sample"]
         if self.backup_canary:
             span = dev.backup_span.rows(rows)
@@ -217,9 +223,9 @@ class SpecWorker:
         meta, rows = st.staged[0], st.rows
         kv_s = dev.target_kv.rows(st.batch.slots_read)
         table_r = dev.table.rows(rows)
-        fm = [dev.fm_tok.rows(rows), dev.fm_len.rows(rows)]
         rt.launch(dev.fwd, K.resolve, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.drafts.t,
-                  dev.lens.t, b, name="resolve", reads=fm + [meta],
+                  dev.lens.t, b, self.src, name="resolve",
+                  reads=[dev.fm_tok.rows(st.fsrc), dev.fm_len.rows(st.fsrc), meta],
                   writes=[dev.drafts, dev.lens])
         rt.launch(dev.fwd, K.seq_lens_sum, meta.t, dev.lens.t, dev.lens_sum.t, b, self.host_sum,
                   name="seq_lens_sum", reads=[meta, dev.lens], writes=[dev.lens_sum])
@@ -253,8 +259,9 @@ class SpecWorker:
             if not early:
                 dev.war.record(dev.fwd)
         rt.launch(dev.fwd, K.stash, dev.fm_tok.t, dev.fm_len.t, meta.t, dev.lens.t,
-                  st.out_tok.t, st.out_acc.t, b, name="stash",
-                  reads=[meta, dev.lens, st.out_tok, st.out_acc], writes=fm)
+                  st.out_tok.t, st.out_acc.t, b, self.dst, name="stash",
+                  reads=[meta, dev.lens, st.out_tok, st.out_acc],
+                  writes=[dev.fm_tok.rows(st.fdst), dev.fm_len.rows(st.fdst)])
         ops.append("stash")
         if self.backup:
             ops += self._backup(st, meta)
@@ -327,14 +334,23 @@ def _padded(rows, shape) -> torch.Tensor:
 
 
 class _Step:
-    """Per-launch handles passed to the drafter."""
+    """Per-launch handles passed to the drafter. ``fsrc``/``fdst``: the FutureMap slots
+    the batch resolves from / stashes into (its rows, with the row-indexed FutureMap);
+    ``src``/``dst``: the meta columns naming them per entry."""
 
-    __slots__ = ("batch", "staged", "out_tok", "out_acc", "n_tok", "rows", "out_can")
+    __slots__ = ("batch", "staged", "out_tok", "out_acc", "n_tok", "rows", "out_can",
+                 "fsrc", "fdst", "src", "dst")
 
-    def __init__(self, batch, staged, out_tok, out_acc, n_tok, out_can=None):
+    def __init__(self, batch, staged, out_tok, out_acc, n_tok, out_can=None, fut=None,
+                 cols=(K.ROW, K.ROW)):
         self.batch, self.staged, self.n_tok = batch, staged, n_tok
         self.out_tok, self.out_acc, self.out_can = out_tok, out_acc, out_can
         self.rows = frozenset(e.row for e in batch.entries)
+        if fut is None:
+            fut = [(e.row, e.row) for e in batch.entries]
+        self.fsrc = frozenset(s for s, _ in fut)
+        self.fdst = frozenset(d for _, d in fut)
+        self.src, self.dst = cols
 
 
 def _staged(rows, shape):

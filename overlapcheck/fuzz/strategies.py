@@ -5,8 +5,9 @@ sampling, a tight pool that forces retraction, overlap, spec, tensor-parallel ra
 the wide search) and then a config, a workload and a schedule under them, so different
 examples stress different mixtures. A quarter of the examples search wide: up to 8
 draft tokens, pages up to 16 tokens, pools from barely fitting one row to 16 rows,
-each seed variant in half of them (every combination the engine accepts); the others
-keep the narrow ranges, where most bugs need the fewest steps. The schedule is part of the drawn data: by default explicit stalls of
+each seed variant and the ring FutureMap in half of them (every combination the engine
+accepts); the others keep the narrow ranges, where most bugs need the fewest steps, and
+each variant and the ring in a quarter of them. The schedule is part of the drawn data: by default explicit stalls of
 named streams over choice points (the empty list is the eager schedule), so that
 shrinking minimizes the workload *and* the schedule together; sometimes a seeded
 random, PCT or BUGGIFY strategy for breadth.
@@ -75,7 +76,8 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_model(models)),
-        verify_sync=draw(variant), kv_backup=draw(variant), zero_bubble=draw(variant))
+        verify_sync=draw(variant), kv_backup=draw(variant), zero_bubble=draw(variant),
+        future_map="ring" if draw(variant) else "row")
 
 
 @st.composite

@@ -17,7 +17,7 @@ import sys
 
 def register(subparsers) -> None:
     from ..device import ACCESS_MODES, DEVICES, STRATEGIES
-    from ..engine.config import RESERVE_RULES
+    from ..engine.config import FUTURE_MAPS, RESERVE_RULES
     from ..engine.drafts import DRAFT_KINDS
     from .. import targets
     p = subparsers.add_parser("run", help="run a workload through an engine, every checker on",
@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--zero-bubble", action="store_true",
                    help="draft each next round right after the draft-extend; the next "
                         "decode restores the drafts instead of drafting")
+    p.add_argument("--future-map", default="row", choices=FUTURE_MAPS,
+                   help="FutureMap index: by request-pool row, or slots of a ring handed out "
+                        "by a running counter (SGLang's)")
     p.add_argument("--tp", type=_ranks, default=1, metavar="N",
                    help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
     p.add_argument("--dist", action="store_true",
@@ -119,13 +122,13 @@ def _config(args):
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
                         spec=not args.no_spec, model=args.model, draft_kind=args.draft,
                         tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup,
-                        zero_bubble=args.zero_bubble)
+                        zero_bubble=args.zero_bubble, future_map=args.future_map)
 
 
 # the flags that configure the reference engine (``_config``), with their defaults
 _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool_tokens",
                     "row_width", "max_running", "chunk_size", "draft_reserve", "no_overlap",
-                    "no_spec", "verify_sync", "kv_backup", "zero_bubble", "tp", "dist",
+                    "no_spec", "verify_sync", "kv_backup", "zero_bubble", "future_map", "tp", "dist",
                     "cuda_graphs", "access")
 
 
