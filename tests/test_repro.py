@@ -133,3 +133,18 @@ def test_emit_pytest_writes_a_runnable_regression_test(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(tmp_path / "test_regression.py")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr   # the planted finding is absent: "fixed"
+
+
+def test_minimize_shrinks_and_keeps_what_the_repro_names():
+    """A minimized repro still shows its finding, is no larger, and keeps the engine
+    version it was found on (a target's repro replays against that version only)."""
+    import dataclasses
+    from overlapcheck.repro.minimize import minimize
+    data = os.path.join(os.path.dirname(__file__), "data", "repros_v1")
+    r = load(os.path.join(data, "abort-zombie--liveness-cc7b063be5.yaml"))
+    r = dataclasses.replace(r, engine_version="9.9.9")
+    small, runs = minimize(r, max_runs=40)
+    assert small is not None and 0 < runs <= 40
+    assert small.finding.key == r.finding.key and small.engine_version == "9.9.9"
+    assert len(small.case.workload.requests) <= len(r.case.workload.requests)
+    assert replay(small).verdict == "reproduced"

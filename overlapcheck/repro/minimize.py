@@ -127,7 +127,8 @@ def minimize(r: Repro, max_runs: int = 400) -> Tuple[Optional[Repro], int]:
     case, out = s.best
     f = next(f for f in out.findings if f.key == s.key)
     return Repro(case, out.choices, f, out.digest, "sim", out.steps, current_commit(),
-                 note=f"minimized from {len(r.case.workload.requests)} requests in {s.runs} runs"), s.runs
+                 note=f"minimized from {len(r.case.workload.requests)} requests in {s.runs} runs",
+                 engine_version=r.engine_version), s.runs
 
 
 def _size(case: Case) -> int:
