@@ -31,6 +31,24 @@ VOCAB = 64
 WHOLE_RUN = 10 ** 9    # a stall window no run reaches the end of
 
 
+_MADE: dict = {}   # (composite, its arguments) -> the strategy, made once
+
+
+def _made(composite, *args):
+    """``composite(*args)``, made once per arguments: Hypothesis works out a strategy's
+    properties (emptiness, labels) per strategy object, which for a composite made at
+    every draw cost more than the draw. The same definition draws the same choices."""
+    try:
+        hit = _MADE.get((composite, args))
+    except TypeError:             # unhashable arguments: a strategy of its own
+        return composite(*args)
+    if hit is None:
+        if len(_MADE) >= 4096:
+            _MADE.clear()
+        hit = _MADE[(composite, args)] = composite(*args)
+    return hit
+
+
 @dataclass(frozen=True)
 class Features:
     aborts: bool
@@ -75,7 +93,7 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
-        model=draw(_model(models)),
+        model=draw(_made(_model, models)),
         verify_sync=draw(variant), kv_backup=draw(variant), zero_bubble=draw(variant),
         future_map="ring" if draw(variant) else "row")
 
@@ -141,7 +159,7 @@ def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
           config: Optional[EngineConfig] = None) -> Case:
     """A whole fuzz case. ``config`` pins the engine configuration (the pytest
     fixture's "fuzz my config" mode); otherwise it is drawn too."""
-    feat = draw(features())
-    cfg = config if config is not None else draw(configs(feat, models, draft_kinds))
-    return Case(cfg, draw(workloads(cfg, feat)), draw(schedules()), tuple(checks),
+    feat = draw(_made(features))
+    cfg = config if config is not None else draw(_made(configs, feat, models, draft_kinds))
+    return Case(cfg, draw(_made(workloads, cfg, feat)), draw(_made(schedules)), tuple(checks),
                 tuple(faults))
