@@ -17,7 +17,8 @@ nested one), in microseconds per checked engine step and as a share of the campa
 * closures: the device work itself (kernels, model, canary; ``--by-kernel`` splits it);
 * detector: the happens-before core; detector feed: declarations turned into accesses;
 * each checker; parity reference: the non-overlap reference run each example needs
-  (its steps are not counted as checked steps).
+  (its steps are not counted as checked steps; a campaign runs it once per reference
+  config and workload, ``run.References``).
 
 Timers cost about a microsecond per call, so the layers add up to a bit more than an
 uninstrumented run; the run is repeated without timers to print the real rate too.
@@ -180,6 +181,9 @@ def main() -> None:
               or k == "parity reference run")
     print(f"{'(parity reference run, all layers)':44s} {1e6 * ref / steps:8.1f} "
           f"{100 * ref / total:5.1f}%")
+    runs = timers.calls.get("parity reference run", 0)
+    print(f"parity reference runs: {runs} for {args.examples} examples (a campaign keeps "
+          f"those it ran: run.References)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"examples": args.examples, "steps": steps, "wall_s": wall, "cpu_s": cpu,
