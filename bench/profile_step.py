@@ -181,7 +181,7 @@ def main() -> None:
               or k == "parity reference run")
     print(f"{'(parity reference run, all layers)':44s} {1e6 * ref / steps:8.1f} "
           f"{100 * ref / total:5.1f}%")
-    runs = timers.calls.get("parity reference run", 0)
+    runs = timers.calls.get("ref: parity reference run", 0)
     print(f"parity reference runs: {runs} for {args.examples} examples (a campaign keeps "
           f"those it ran: run.References)")
     if args.json:
