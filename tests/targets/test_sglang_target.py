@@ -228,6 +228,21 @@ def test_abort_in_the_step_a_stop_lands_keeps_tokens_past_it(sglang):
     assert ("lifecycle", "over-length") in [f.key for f in out.findings]
 
 
+def test_the_shipped_known_repros_reproduce_the_same_bug(sglang):
+    """``targets/sglang/known``, for ``fuzz --known``: each repro replays as reproduced on
+    the pinned engine, and each is the abort-path bug above (an abort among its events)."""
+    import glob
+    import os
+    from overlapcheck.repro import load, replay
+    from overlapcheck.targets import sglang as target
+    files = sorted(glob.glob(os.path.join(os.path.dirname(target.__file__), "known", "*.yaml")))
+    assert len(files) == 3
+    for path in files:
+        r = load(path)
+        assert r.engine_version == "0.5.23" and r.case.workload.aborts, path
+        assert replay(r).verdict == "reproduced", path
+
+
 FAULT_CASES = [
     # fault, its checker, config, the requests that trigger it, a change that removes it
     ("overalloc-leak", "kv-accounting", SglangConfig(spec_steps=2, **CTX),
