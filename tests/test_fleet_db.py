@@ -37,8 +37,11 @@ def test_a_failing_example_one_campaign_found_is_replayed_first_by_another(tmp_p
     assert lines[0].startswith("database: ") and "replayed before generating" in lines[0]
 
 
-TWO_RUNS = dict(faults=("lagged-verify-counted", "seq-lens-cpu-stale"), seed=1, examples=10,
-                seconds=None)   # metrics findings in the first Hypothesis run, parity in the second
+# metrics findings at the first example, a parity finding some examples later (the 9th
+# today; the budget leaves room for the case strategy's draws to move, and for how many
+# examples the first Hypothesis run draws after its first failure, which depends on time)
+TWO_RUNS = dict(faults=("lagged-verify-counted", "seq-lens-cpu-stale"), seed=4, examples=40,
+                seconds=None)
 
 
 def _saved(folder: str, opts: Options) -> dict:
@@ -48,10 +51,12 @@ def _saved(folder: str, opts: Options) -> dict:
 
 def test_redis_killed_mid_campaign_goes_on_locally_says_so_once_loses_nothing(tmp_path,
                                                                              redis_server):
-    lines = []
+    lines, killed_at = [], []
 
     def kill_at_first_finding(found):
-        redis_server.kill()
+        if not killed_at:
+            redis_server.kill()
+            killed_at.append(found.examples_before)
 
     opts = Options(db=str(tmp_path / "local"), shared_db=redis_server.url, progress=lines.append,
                    on_finding=kill_at_first_finding, out=str(tmp_path / "out"), **TWO_RUNS)
@@ -61,8 +66,9 @@ def test_redis_killed_mid_campaign_goes_on_locally_says_so_once_loses_nothing(tm
     said = [line for line in lines if "shared example database" in line]
     assert len(said) == 1, lines
     assert f"{redis_server.url} lost" in said[0] and "going on with the local database" in said[0]
-    # a finding after the kill (parity, second run) is there, as without Redis
-    assert _ids(got) == _ids(control) and any(i.startswith("parity-") for i in _ids(got))
+    # a finding of an example run after the kill is there, as without Redis
+    assert _ids(got) == _ids(control)
+    assert any(f["examples_before"] > killed_at[0] for f in got["findings"]), got["findings"]
     assert {f["id"]: f["examples_before"] for f in got["findings"]} == {
         f["id"]: f["examples_before"] for f in control["findings"]}
     # the local folder holds every example the control's folder does
