@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig, RequestSpec, Workload, generate
 from overlapcheck.faults import FAULTS, FaultSet
 from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.strategies import cases
@@ -86,7 +86,31 @@ SILENT = {
     "eagle-stash-batch-position": {"draft_kind": "eagle", "max_running": 1},
     "rank-local-overlap": {"tp": 1},
     "seq-lens-cpu-stale": {"zero_bubble": True},     # the oracle's draft reads no host lengths
+    "ring-slot-alias": {"future_map": "ring", "max_running": 1, "chunk_size": 1},  # one request
+    "reserve-host-view": {"overlap": False},
+    "preempt-behind-fence": {"overlap": False},
 }
+
+
+def test_preemption_behind_the_fence_livelocks_only_under_overlap():
+    """Two short requests and two long ones in a pool of nine pages: under overlap the
+    faulty retraction loop preempts everyone each time the re-admitted requests ask for
+    their first reserve, and no request progresses (liveness' livelock rule); without
+    overlap a victim's pages are free at once and the same workload completes, as it
+    does on the clean engine."""
+    wl = Workload((RequestSpec(0, 0, (24, 49), 2),
+                   RequestSpec(1, 1, (13, 8, 61, 35, 62, 60, 30, 2, 26, 19, 16, 23, 15), 2),
+                   RequestSpec(2, 1, (23,), 10), RequestSpec(3, 1, (26, 44, 55, 4, 55, 27), 16)))
+    cfg = EngineConfig(page_size=4, pool_tokens=40, row_width=24, max_running=2,
+                       chunk_size=22, spec_steps=3, draft_reserve="exact", zero_bubble=True)
+    eager = ScheduleSpec("stalls", 0, ())
+    out = execute(Case(cfg, wl, eager, faults=("preempt-behind-fence",)))
+    assert [f.checker for f in out.findings] == ["liveness"]
+    assert "livelock" in out.findings[0].text and out.steps < 100   # long before the engine's bound
+    for c, faults in ((dataclasses.replace(cfg, overlap=False), ("preempt-behind-fence",)),
+                      (cfg, ())):
+        out = execute(Case(c, wl, eager, faults=faults))
+        assert out.status == "completed" and not out.findings, out.findings[0].text
 
 
 @pytest.mark.parametrize("name", sorted(SILENT))

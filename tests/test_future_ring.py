@@ -97,10 +97,10 @@ def _decode(bid, rids):
 def test_the_counter_wraps_and_steps_over_pending_slots():
     cfg = EngineConfig(max_running=2, row_width=40, chunk_size=32, spec_steps=3)
     reqs = {0: _Req(RUNNING), 1: _Req(RUNNING)}
-    ring = FutureRing(dataclasses.replace(cfg, future_map="ring"), reqs)
-    assert ring.limit == 2 * (3 + 1) and future_slots(ring_cfg := dataclasses.replace(
-        cfg, future_map="ring")) == ring.limit + 1 and future_slots(cfg) == 2
-    assert ring_cfg.future_map == "ring"
+    ring_cfg = dataclasses.replace(cfg, future_map="ring")
+    ring = FutureRing(ring_cfg, reqs)
+    assert ring.limit == 2 * (3 + 1)                  # max_context 32 in one chunk
+    assert future_slots(ring_cfg) == ring.limit + 1 and future_slots(cfg) == 2
     # request 0 is prefilled (its last chunk writes slot 1), then only request 1 runs
     first = ring.assign(Batch(0, 0, PREFILL, [Entry(0, 0, 0, 4, True, True)]))
     assert first == [(1, 1)] and ring.pending == {0: 1}

@@ -65,3 +65,45 @@ def test_liveness_bound_is_configurable_and_quiet_on_clean_runs():
     run = run_checked(CFG, _wl(), ["liveness"], seed=3, liveness_bound=(1, 0))
     assert run.status == "halted" and run.violations[0].site == ("zombie",)
     assert run_checked(CFG, _wl(), ["liveness"], seed=3).violations == []
+
+
+class RetractsEveryone(Engine):
+    """Every decode build first retracts every running request: each is re-admitted and
+    re-prefilled, and retracted again before its decode — no token is ever kept after
+    the first ones (a preempt, re-add, preempt loop)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        decode = self.sched._decode
+
+        def retract_all(it, bid):
+            for rid in list(self.sched.admitted):
+                r = self.requests[rid]
+                if r.state == "running" and r.output:
+                    self.sched.retract(r, it, bid)
+            return decode(it, bid)
+        self.sched._decode = retract_all
+
+
+def test_planted_livelock_is_reported_long_before_the_engines_bound():
+    wl = Workload((RequestSpec(0, 0, (1, 2, 3), 40), RequestSpec(1, 0, (4, 5), 12)))
+    run = run_checked(CFG, wl, ["liveness"], seed=1, engine=RetractsEveryone,
+                      max_steps=FOREVER, engine_config=CFG)
+    assert run.status == "halted"
+    (v,) = run.violations
+    assert v.site == ("livelock",) and v.details["retractions"] > 2
+    assert run.engine.iteration < 64 + 2 * 2 * 4 + 10     # its bound: 2 prefill batches each
+
+
+def test_livelock_rule_is_quiet_on_clean_runs_that_retract():
+    """A pool of one row and a bit for six requests: retractions all along, no livelock."""
+    from overlapcheck.engine import generate
+    cfg = EngineConfig(page_size=2, pool_tokens=40, row_width=32, max_running=4, chunk_size=3,
+                       spec_steps=3, zero_bubble=True)
+    retracted = 0
+    for seed in range(4):
+        run = run_checked(cfg, generate(seed, 6, cfg, max_prompt=12, max_new=20), ["liveness"],
+                          seed=seed, engine_config=cfg)
+        assert run.status == "completed" and run.violations == [], run.violations
+        retracted += run.result.summary.retractions
+    assert retracted > 0

@@ -29,7 +29,7 @@ import torch
 
 from ..faults import FaultSet
 from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED,
-                      START, gate_mask, round_tokens)
+                      START, gate_mask, round_tokens, stores)
 
 
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
@@ -47,9 +47,9 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     feats = model.target_hidden(kv, table, mrows, ctx)
     head.write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
     g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
-    slots = m[:, dst]
-    fm_draft[slots] = torch.where(last, d1, fm_draft[slots])
-    fm_hid[slots] = torch.where(last.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[slots])
+    slots, keep = m[:, dst], stores(last, dst)
+    fm_draft[slots] = torch.where(keep, d1, fm_draft[slots])
+    fm_hid[slots] = torch.where(keep.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[slots])
 
 
 def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None,

@@ -28,7 +28,7 @@ from typing import List
 import torch
 
 from ..faults import FaultSet
-from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens
+from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens, stores
 
 
 def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
@@ -37,8 +37,8 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     m = meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
     h = model.target_hidden(kv, table, rows, m[:, START] + m[:, N]).to(fm_hid.dtype)
-    slots = m[:, dst]
-    fm_hid[slots] = torch.where(last.unsqueeze(1), h, fm_hid[slots])
+    slots, keep = m[:, dst], stores(last, dst)
+    fm_hid[slots] = torch.where(keep.unsqueeze(1), h, fm_hid[slots])
 
 
 def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,

@@ -65,17 +65,26 @@ def prefill_write(model, kv, draft_kv, table, ptok, n):
 
 def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, dst=ROW):
     """Sample the first output token where a chunk ends the prompt; stash the next
-    decode input (sampled, or host-known after a retraction) into the FutureMap."""
+    decode input (sampled, or host-known after a retraction) into the FutureMap. A
+    request-pool row keeps its value until the last chunk; a ring slot (``dst`` not
+    ``ROW``) is the entry's own, and every chunk stores there what it sampled, as
+    SGLang's chunks do (``stores``)."""
     m = meta[:b]
     rows, ctx = m[:, ROW], m[:, START] + m[:, N]
     t = model.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
     sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
     out_tok[:b, 0] = torch.where(sample, t, -1)
     out_acc[:b] = sample.long()
-    nxt = torch.where(sample, t, m[:, NEXT])
-    slots = m[:, dst]
-    fm_tok[slots] = torch.where(last, nxt, fm_tok[slots])
-    fm_len[slots] = torch.where(last, ctx, fm_len[slots])
+    nxt = torch.where(sample | ~last, t, m[:, NEXT])
+    slots, keep = m[:, dst], stores(last, dst)
+    fm_tok[slots] = torch.where(keep, nxt, fm_tok[slots])
+    fm_len[slots] = torch.where(keep, ctx, fm_len[slots])
+
+
+def stores(last, dst):
+    """The prefill entries that stash into the FutureMap: the last chunks with the
+    row-indexed one; every entry with the ring (its slot is its own)."""
+    return last if dst == ROW else torch.ones_like(last)
 
 
 def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):

@@ -66,6 +66,11 @@ def _flat(x, b, width):
     return x.repeat(width)
 
 
+def _stores(last, dst):
+    """``kernels.stores``."""
+    return last if dst == ROW else np.ones_like(last)
+
+
 def _round_tokens(hm, m, lens, new, old, gate, hcol):
     if hcol is not None:
         new = hm.host_lens_cut(new, lens, m[:, hcol])
@@ -99,10 +104,10 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, 
     sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
     out_tok[:b, 0] = np.where(sample, t, -1)
     out_acc[:b] = sample
-    nxt = np.where(sample, t, m[:, NEXT])
-    slots = m[:, dst]
-    fm_tok[slots] = np.where(last, nxt, fm_tok[slots])
-    fm_len[slots] = np.where(last, ctx, fm_len[slots])
+    nxt = np.where(sample | ~last, t, m[:, NEXT])
+    slots, keep = m[:, dst], _stores(last, dst)
+    fm_tok[slots] = np.where(keep, nxt, fm_tok[slots])
+    fm_len[slots] = np.where(keep, ctx, fm_len[slots])
 
 
 @host_twin(K.resolve)
@@ -314,9 +319,9 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     feats = hm.target_hidden(kv, table, mrows, ctx)
     hm.eagle_write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
     g, d1 = hm.eagle_out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
-    slots = m[:, dst]
-    fm_draft[slots] = np.where(last, d1, fm_draft[slots])
-    fm_hid[slots] = np.where(last[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[slots])
+    slots, keep = m[:, dst], _stores(last, dst)
+    fm_draft[slots] = np.where(keep, d1, fm_draft[slots])
+    fm_hid[slots] = np.where(keep[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[slots])
 
 
 @host_twin(DE.eagle_resolve)
@@ -367,8 +372,8 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     m = meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
     h = hm.target_hidden(kv, table, rows, m[:, START] + m[:, N]).astype(fm_hid.dtype, copy=False)
-    slots = m[:, dst]
-    fm_hid[slots] = np.where(last[:, None], h, fm_hid[slots])
+    slots, keep = m[:, dst], _stores(last, dst)
+    fm_hid[slots] = np.where(keep[:, None], h, fm_hid[slots])
 
 
 @host_twin(DM.mtp_step)

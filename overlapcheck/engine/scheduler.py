@@ -63,6 +63,10 @@ class Scheduler:
         step = self.cfg.step_tokens
         if self.faults.on("reserve-past-row"):         # covers the lagged batch, unclamped
             return req.committed + step * (2 + req.unprocessed_decodes)
+        if self.faults.on("reserve-host-view"):
+            # fault: 1 + draft_len past the host's own committed length; the device is a
+            # verify round ahead of it under overlap
+            return min(req.committed + step + self._ahead, self.cfg.row_width)
         if self.cfg.draft_reserve == "double":
             assert req.unprocessed_decodes <= 1, "double reserve assumes one batch of lag"
             need = req.committed + 2 * step
@@ -135,6 +139,12 @@ class Scheduler:
         def extra(r):
             return self.mem.extra_pages(r, self.reserve_tokens(r))
 
+        if self.faults.on("preempt-behind-fence"):
+            # fault: the retry expects each preemption to free pages at once, but a victim
+            # riding the in-flight batch parks them behind it: the free count does not move
+            # and the loop runs through the whole running queue, the last request included
+            while cands and sum(map(extra, cands)) > kv.free_pages:
+                self.retract(cands.pop(), it, bid)
         while len(cands) > 1 and sum(map(extra, cands)) > kv.free_pages + kv.pending_pages:
             victim = cands.pop()              # the newest admitted
             self.retract(victim, it, bid)

@@ -172,6 +172,37 @@ _ENTRIES = (
           "class 16: ranks disagreeing on whether to overlap a step)",
           "rank-agreement", "tp >= 2, overlap, a rank whose previous result landed before "
           "it launched the next batch"),
+    Fault("ring-slot-alias", 20, "engine/future_map.py FutureRing.assign",
+          "the ring FutureMap is sized for running batches only (3 x max_running slots, "
+          "not counting chunked-prefill chunks and padding, which take slots too) and the "
+          "counter trusts that size: it hands out a slot whose next input a running request "
+          "has yet to read, and a later batch's stash overwrites it; the request resumes from "
+          "another entry's token and length",
+          "SGLang #13713, #13916, #25862: FutureMap ring overflow under chunked prefill, a "
+          "later batch's future slot aliasing a pending next token",
+          "parity", "future_map ring; a running request kept out of batches while 3 x "
+          "max_running slots are handed out (chunked prefills of other requests)"),
+    Fault("reserve-host-view", 21, "engine/scheduler.py Scheduler.reserve_tokens",
+          "before a decode the host grows a request's KV by 1 + draft_len past its own "
+          "committed length, ignoring the verify still in flight: the device starts a "
+          "round ahead, and the verify writes KV at positions with no slot allocated (the "
+          "table's padding cell, or a cell a previous owner of the row left behind)",
+          "TensorRT-LLM #16280: KV capacity grown from the host's lagging view of the "
+          "sequence under overlap; a device write crosses into an unallocated block",
+          "kv-canary", "overlap, a request decoding in consecutive batches, a committed "
+          "length whose reserve does not round up to the lag (page_size small against k+1)"),
+    Fault("preempt-behind-fence", 22, "engine/scheduler.py Scheduler._decode",
+          "the retraction loop expects each preemption to free pages at once; a victim "
+          "riding the in-flight batch parks its pages behind it, so the free count does "
+          "not move and the loop preempts the whole running queue, the request that needed "
+          "the pages included; re-admitted, they run into the same wall: preempt, re-add, "
+          "preempt, no request progresses",
+          "vllm-ascend #16315 / vLLM #49675 (#49674): preemption thrashing with deferred "
+          "block frees under async scheduling, 0 tok/s in a preempt -> re-add -> preempt "
+          "cycle",
+          "liveness", "overlap, a pool too small for the running requests' decode reserves, "
+          "re-admitted requests short of their first reserve (zero bubble reserves a round "
+          "more than admission sets aside)"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}

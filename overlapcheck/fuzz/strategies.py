@@ -2,12 +2,12 @@
 
 Each example first draws its *features* (aborts on or off, stop tokens, seeded
 sampling, a tight pool that forces retraction, overlap, spec, tensor-parallel ranks,
-the wide search) and then a config, a workload and a schedule under them, so different
+the wide search, long prompts prefilled in small chunks over many batches) and then a config, a workload and a schedule under them, so different
 examples stress different mixtures. A quarter of the examples search wide: up to 8
 draft tokens, pages up to 16 tokens, pools from barely fitting one row to 16 rows,
 each seed variant and the ring FutureMap in half of them (every combination the engine
-accepts); the others keep the narrow ranges, where most bugs need the fewest steps, and
-each variant and the ring in a quarter of them. The schedule is part of the drawn data: by default explicit stalls of
+accepts); the others keep the narrow ranges, where most bugs need the fewest steps, each
+variant in a quarter of them and the ring in a third. The schedule is part of the drawn data: by default explicit stalls of
 named streams over choice points (the empty list is the eager schedule), so that
 shrinking minimizes the workload *and* the schedule together; sometimes a seeded
 random, PCT or BUGGIFY strategy for breadth.
@@ -60,6 +60,7 @@ class Features:
     tp: int = 1       # logical ranks: 2 in a quarter of the examples
     burst: bool = False   # arrivals close together: more requests than rows, rows reused at once
     wide: bool = False    # the wide search: k up to 8, pages up to 16, roomy pools, variants
+    long: bool = False    # long prompts in small chunks: prefills of many batches each
 
 
 @st.composite
@@ -69,7 +70,8 @@ def features(draw) -> Features:
                     overlap=draw(st.sampled_from((True, True, True, False))),
                     spec=draw(st.sampled_from((True, True, True, False))),
                     tp=draw(st.sampled_from((1, 1, 1, 2))), burst=draw(b),
-                    wide=draw(st.sampled_from((False, False, False, True))))
+                    wide=draw(st.sampled_from((False, False, False, True))),
+                    long=draw(st.sampled_from((False, False, True))))
 
 
 @st.composite
@@ -82,20 +84,28 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
     ctx = draw(st.integers(8, 40))
     row = -(-(margin + ctx) // page) * page
     # pools from one row and the padding page (barely fits) to 8 rows, or 16 when wide
-    rows = draw(st.integers(1, 2)) if feat.tight_pool else draw(st.integers(3, 16 if wide else 8))
+    # (long prompts take a roomy one: in a tight pool they would run one at a time)
+    tight = feat.tight_pool and not feat.long
+    rows = draw(st.integers(1, 2)) if tight else draw(st.integers(3, 16 if wide else 8))
     pool = page + row * rows + page * draw(st.integers(0, 3))
     # the seeds' variants, each in a quarter of the examples (half when wide)
     variant = st.sampled_from((False, True) if wide else (False, False, False, True))
+    b = st.booleans()
     return EngineConfig(
         page_size=page, pool_tokens=pool, row_width=row,
         max_running=draw(st.integers(1, 8 if wide else 6)),
-        chunk_size=draw(st.integers(1, 48) if wide else st.integers(2, 32)),
+        chunk_size=draw(st.integers(1, 48) if wide else st.integers(1, 2) if feat.long
+                        else st.integers(2, 32)),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_made(_model, models)),
-        verify_sync=draw(variant), kv_backup=draw(variant), zero_bubble=draw(variant),
-        future_map="ring" if draw(variant) else "row")
+        verify_sync=draw(variant), kv_backup=draw(variant),
+        # zero bubble reserves a round more than admission sets aside: in a tight pool,
+        # where that presses hardest, three quarters of the examples run it
+        zero_bubble=draw(st.sampled_from((False, True, True, True)) if tight else variant),
+        future_map="ring" if draw(b if wide else st.sampled_from((False, False, True)))
+        else "row")
 
 
 @st.composite
@@ -110,12 +120,14 @@ def _model(draw, models: Sequence[str]) -> str:
 
 @st.composite
 def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
-    n = draw(st.integers(1, 8))
+    n = draw(st.integers(2 if feat.long else 1, 8))     # long prompts: several of them
     step, reqs, aborts = 0, [], []
     max_prompt = min(16, cfg.max_context - 1)
+    # long prompts: from half the context to all of it but the first output token
+    lo, hi = (cfg.max_context // 2, cfg.max_context - 1) if feat.long else (1, max_prompt)
     for rid in range(n):
         step += draw(st.integers(0, 1 if feat.burst else 3))
-        prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_prompt)))
+        prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=lo, max_size=hi)))
         # up to 6 stop ids: a stop inside an accept run (and at its end) is common enough
         stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=6))) if feat.stops else ()
         seeded = feat.seeded and draw(st.booleans())
