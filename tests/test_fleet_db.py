@@ -40,7 +40,7 @@ def test_a_failing_example_one_campaign_found_is_replayed_first_by_another(tmp_p
 # metrics findings at the first example, a parity finding some examples later (the 9th
 # today; the budget leaves room for the case strategy's draws to move, and for how many
 # examples the first Hypothesis run draws after its first failure, which depends on time)
-TWO_RUNS = dict(faults=("lagged-verify-counted", "seq-lens-cpu-stale"), seed=4, examples=40,
+TWO_RUNS = dict(faults=("lagged-verify-counted", "seq-lens-cpu-stale"), seed=2, examples=40,
                 seconds=None)
 
 
