@@ -20,3 +20,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def _no_local_constants() -> None:
+    """Hypothesis mixes constants of every local module imported so far into its draws
+    (``hypothesis.internal.conjecture.providers``, pinned Hypothesis 6.155.2), so a
+    derandomized test would draw differently depending on which of the project's modules
+    earlier tests happened to import in its xdist worker, and on which test files were
+    collected. The tests draw from the strategies alone: the pool stays empty."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "_local_constants"):
+        empty = providers._local_constants
+        providers._get_local_constants = lambda: empty
+
+
+_no_local_constants()
