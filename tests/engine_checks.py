@@ -4,6 +4,16 @@ from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import Engine
 
+# the engine's modes as config changes, for tests that run every one
+ENGINE_MODES = {
+    "overlap": {},
+    "no-overlap": {"overlap": False},
+    "no-spec": {"spec": False},
+    "zero-bubble": {"zero_bubble": True},
+    "kv-backup": {"kv_backup": True},
+    "verify-sync": {"verify_sync": True},
+}
+
 
 def run_clean(cfg, wl, seed, strategy, access="declared", observer=None):
     """Run and assert: no race report, no undeclared host sync, the pool full and

@@ -16,17 +16,12 @@ from overlapcheck.engine.types import DECODE, PREFILL, RUNNING, Batch, Entry
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.run import Case, ScheduleSpec, execute
 
-from engine_checks import assert_parity, run_clean
+from engine_checks import ENGINE_MODES, assert_parity, run_clean
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODES = {
-    "overlap": {},
-    "no-overlap": {"overlap": False},
-    "no-spec": {"spec": False},
-    "zero-bubble": {"zero_bubble": True},
-    "kv-backup": {"kv_backup": True},
-    "verify-sync": {"verify_sync": True},
+    **ENGINE_MODES,
     "tp2": {"tp": 2},
 }
 # small chunks and few rows: the counter goes round the ring many times per run

@@ -12,15 +12,12 @@ from overlapcheck.device import make_runtime
 from overlapcheck.engine import EngineConfig, generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
+from engine_checks import ENGINE_MODES
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODES = {
-    "overlap": {},
-    "no-overlap": {"overlap": False},
-    "no-spec": {"spec": False},
-    "zero-bubble": {"zero_bubble": True},
-    "kv-backup": {"kv_backup": True},
-    "verify-sync": {"verify_sync": True},
+    **ENGINE_MODES,
     "pages-of-4": {"page_size": 4, "pool_tokens": 192},
     "tight-pool": {"pool_tokens": 96, "max_running": 4},
 }
