@@ -29,8 +29,9 @@ separate untimed pass ("unseen": those the runtime did not issue itself, with th
 sites in the JSON); that pass also runs the profiler, and GPU busy = union of kernel time
 per step / the timed pass's wall time per step. ``--profile`` writes a profiler table of one
 steady step, both modes, where overlap/non-overlap is under ``--profile-below``.
-On cuda, every mode but ``checked+detector`` replays the model calls from CUDA graphs
-(``--graphs on``, the default; ``overlapcheck.device.graphs``): a shape's first call warms
+On cuda, every mode replays the model calls from CUDA graphs (``--graphs on``, the
+default; ``overlapcheck.device.graphs``; ``checked+detector`` feeds the detector from the
+launches' declared accesses): a shape's first call warms
 up, its second captures, the window only replays (the JSON has each mode's graph counts).
 Without graphs a step of these models is thousands of ~1 us kernels, launch-bound on the
 host, and overlap has no GPU time to hide host work behind.
@@ -162,7 +163,7 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
     cfg, wl = make_case(name, model, batch, args, overlap)
     gc.collect()
-    graphs = args.graphs and device_info(args.device).gpu and not detect
+    graphs = args.graphs and device_info(args.device).gpu
     rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect, access="declared",
                       graphs=graphs)
     mon = make_monitor(ref) if checked else None
@@ -313,7 +314,8 @@ def main() -> None:
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--draft", default="standalone", choices=tuple(DRAFT_KINDS))
     ap.add_argument("--graphs", default="on", choices=("on", "off"),
-                    help="cuda: replay the model calls from CUDA graphs (not with the detector)")
+                    help="cuda: replay the model calls from CUDA graphs (the detector takes "
+                         "declared accesses)")
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
     ap.add_argument("--profile-below", type=float, default=1.10)
     ap.add_argument("--out", default="bench-out", help="folder for gpu_overlap.json and profiles")

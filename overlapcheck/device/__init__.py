@@ -78,8 +78,8 @@ def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: 
                  access: str = "infer", on_race: str = "collect", graphs: bool = False) -> "Runtime":
     """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
     (used by replayable backends: the sim); its randomness is the ``schedule``
-    sub-stream of ``seed``. ``graphs`` (a GPU backend, detector off): the engine's
-    model calls replay from CUDA graphs."""
+    sub-stream of ``seed``. ``graphs`` (a GPU backend; with the detector, declared
+    accesses only): the engine's model calls replay from CUDA graphs."""
     import importlib
     info = device_info(device)
     if graphs and not info.gpu:

@@ -3,9 +3,12 @@ non-blocking copies.
 
 ``launch`` runs the closure at once under ``torch.cuda.stream(s)``: the kernels it
 issues are queued on ``s``. With the detector off a launch is nothing but that call.
-With it on, the closure runs under the access inference mode and its accesses are
-checked with the clock the stream work was enqueued under, exactly as on the sim, so
-the verdict does not depend on GPU timing. Index ops count as whole-buffer accesses
+With it on, the closure's accesses — its declaration (``access="declared"``) or what
+the access inference mode intercepts (``"infer"``) — are checked with the clock the
+stream work was enqueued under, exactly as on the sim, so the verdict does not depend
+on GPU timing. With CUDA graphs (``graphs=True``) a model call replays captured
+kernels no interception sees, so the detector then takes declarations only, and every
+launch must declare (docs/design.md §4.9). Index ops count as whole-buffer accesses
 (their indices live on the device); annotations narrow them, unchecked here (the sim
 checks them).
 
@@ -32,9 +35,11 @@ class CudaRuntime(Runtime):
                  graphs: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("the cuda device needs a CUDA GPU and a CUDA build of torch")
-        if graphs and detect:
-            raise ValueError("CUDA graphs hide their kernels' accesses from the race "
-                             "detector: turn the detector off to use them")
+        if graphs and detect and access != "declared":
+            # a graph replay is one opaque call: the ops the inference mode intercepts
+            # are its input copies and output clones, never the captured kernels
+            raise ValueError("CUDA graphs hide their kernels from access inference: "
+                             "with graphs the race detector needs declared accesses")
         super().__init__(detect=detect, access=access, on_race=on_race)
         self.graphs = graphs
         self._mem = 0
@@ -108,7 +113,12 @@ class CudaRuntime(Runtime):
 
     # -- device work -------------------------------------------------------------------
     def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
-        """Run ``fn`` now under ``torch.cuda.stream``: its kernels queue on ``stream``."""
+        """Run ``fn`` now under ``torch.cuda.stream``: its kernels queue on ``stream``.
+        With graphs and the detector, a launch is fed by its declaration alone (the
+        replayed kernels are invisible to interception), so it must have one."""
+        if declared is None and self.graphs and self.det is not None:
+            raise ValueError(f"launch '{info.name}' declares no accesses: with CUDA graphs "
+                             f"the race detector sees a launch only through its declaration")
         with torch.cuda.stream(stream.raw):
             self._run_closure(fn, args, kwargs, declared, stream.ctx, clock, info)
 

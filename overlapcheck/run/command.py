@@ -66,8 +66,8 @@ def register(subparsers) -> None:
     p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
                    help="with --dist: seconds before a collective or the run gives up")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="cuda: replay the model calls from CUDA graphs (turns the race "
-                        "detector off: a graph's kernels are invisible to it)")
+                   help="cuda: replay the model calls from CUDA graphs (the race detector "
+                        "then takes declared accesses only: not with --access infer)")
     p.add_argument("--schedule", default="random", metavar="STRATEGY",
                    help=f"sim schedule strategy: {', '.join(STRATEGIES)}")
     p.add_argument("--access", default="declared", choices=ACCESS_MODES,
@@ -253,10 +253,10 @@ def _run_reference(args) -> int:
     try:
         check_available(args.device)
         rt = make_runtime(args.device, seed=args.seed, strategy=args.schedule,
-                          access=args.access, detect=not args.cuda_graphs,
-                          graphs=args.cuda_graphs)
+                          access=args.access, graphs=args.cuda_graphs)
     except (RuntimeError, ValueError) as e:
-        raise UsageError(str(e).replace("CUDA graphs need", "--cuda-graphs needs")) from None
+        raise UsageError(str(e).replace("CUDA graphs need", "--cuda-graphs needs")
+                         .replace("CUDA graphs hide", "--cuda-graphs hides")) from None
     if info.cpu_work:
         # thousands of tiny CPU ops per step: intra-op threads only add contention
         import torch

@@ -31,9 +31,8 @@ def _rank_main(rank: int, job: dict, out: str) -> None:
     from ..device import make_runtime
     torch.set_num_threads(1)
     _join(rank, job)
-    graphs = job["graphs"]
     rt = make_runtime(job["device"], seed=job["seed"], strategy=job["schedule"],
-                      access=job["access"], detect=not graphs, graphs=graphs)
+                      access=job["access"], graphs=job["graphs"])
     doc = _run_rank(rank, job, rt, make_model(job["cfg"].model))
     _write(os.path.join(out, f"rank{rank}.json"), doc)
     dist.destroy_process_group()
