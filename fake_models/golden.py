@@ -14,7 +14,8 @@ greedy or seeded):
   kind proposes from that prefix that equal the continuation.
 
 Models of the oracle family run as exact Python integers (``golden_oracle``), every
-other model through its own API on the CPU (``golden_torch``). Results are cached per
+other model through its own API on the CPU (``golden_torch``; on the run's device where
+the model is not exact there: ``exact_on``). Results are cached per
 request, so a checker asking again, or a fuzz campaign re-running a shrunk workload,
 pays once; ``shared(model, width)`` keeps one ``Golden`` per (model, row width) — a memo
 of pure functions: nothing in it changes what any call returns.
@@ -41,11 +42,11 @@ class Golden:
 
     kinds = GOLDEN_KINDS
 
-    def __init__(self, model, width: int, cached: int = CACHED_REQUESTS):
+    def __init__(self, model, width: int, cached: int = CACHED_REQUESTS, device: str = "cpu"):
         if isinstance(model, str):
             from . import make_model
             model = make_model(model)
-        self.model, self.width, self.cached = model, width, cached
+        self.model, self.width, self.cached, self.device = model, width, cached, device
         self.exact = isinstance(model, OracleModel)
         self._reqs: "OrderedDict[tuple, object]" = OrderedDict()
 
@@ -56,7 +57,8 @@ class Golden:
             if self.exact:
                 r = OracleRequest(self.model, key[0], key[1], seeded)
             else:
-                r = ModelRequest(self.model, self.width, key[0], key[1], seeded)
+                r = ModelRequest(self.model, self.width, key[0], key[1], seeded,
+                                 device=self.device)
             self._reqs[key] = r
             if len(self._reqs) > self.cached:
                 self._reqs.popitem(last=False)
@@ -95,7 +97,16 @@ def _model(name: str):
 
 
 @functools.lru_cache(maxsize=16)
-def shared(model: str, width: int) -> Golden:
-    """One ``Golden`` per (model name, row width), built on first use; the model itself
-    is built once per name."""
-    return Golden(_model(model), width)
+def shared(model: str, width: int, device: str = "cpu") -> Golden:
+    """One ``Golden`` per (model name, row width, device), built on first use; the model
+    itself is built once per name."""
+    return Golden(_model(model), width, device=device)
+
+
+def exact_on(model, device: str) -> bool:
+    """Whether ``model`` (a name or a model) computes the same bits on torch device
+    ``device`` as on the CPU, so that its references (golden, parity's) may run on the
+    CPU for a run there; models without ``exact_on`` are exact everywhere."""
+    m = _model(model) if isinstance(model, str) else model
+    check = getattr(m, "exact_on", None)
+    return True if check is None else bool(check(device))

@@ -1,5 +1,7 @@
 """Any model's golden continuation and drafts, through the model's own API
-(``write_kv``, ``target``, ``draft``, ``target_hidden``, ``head``), on the CPU.
+(``write_kv``, ``target``, ``draft``, ``target_hidden``, ``head``), on the CPU, or on
+the device a run computes on when the model's results there are not the CPU's
+(``exact_on``: its GPU kernels are batch invariant, not exact).
 
 One request at a time, in a private KV with one contiguous table row (slot ``1 + p``
 holds position ``p``; slot 0 is the padding slot): no paging, no batch-mates, no
@@ -22,19 +24,20 @@ from typing import Dict, List, Sequence
 import torch
 
 
-def _ints(xs) -> torch.Tensor:
-    return torch.tensor(list(xs), dtype=torch.int64)
+def _ints(xs, device="cpu") -> torch.Tensor:
+    return torch.tensor(list(xs), dtype=torch.int64, device=device)
 
 
 class ModelRequest:
     """One request's golden sequence under ``model`` within contexts of ``width``."""
 
-    def __init__(self, model, width: int, prompt, seed: int, seeded: bool, rid: int = 0):
-        self.m, self.W = model, width
+    def __init__(self, model, width: int, prompt, seed: int, seeded: bool, rid: int = 0,
+                 device: str = "cpu"):
+        self.m, self.W, self.dev = model, width, torch.device(device)
         self.seed, self.seeded, self.rid = seed, seeded, rid
         self.vocab = model.vocab
         self.G: List[int] = [int(t) for t in prompt]
-        self.table = torch.arange(1, width + 1, dtype=torch.int64).unsqueeze(0)
+        self.table = torch.arange(1, width + 1, dtype=torch.int64, device=self.dev).unsqueeze(0)
         self.kv = self._buf(model.kv_width, getattr(model, "kv_dtype", torch.int64))
         self.kv_len = 0          # positions whose target KV holds G
         self.dkv = None          # standalone draft KV, and the positions it holds
@@ -44,23 +47,27 @@ class ModelRequest:
         self.ekv_len = 0
 
     def _buf(self, width: int, dtype, extra: int = 0) -> torch.Tensor:
-        return torch.zeros((self.W + 1 + extra, width), dtype=dtype)
+        return torch.zeros((self.W + 1 + extra, width), dtype=dtype, device=self.dev)
 
     def _q(self, n: int):
-        return torch.full((n,), self.seed, dtype=torch.int64), torch.full((n,), self.seeded)
+        return (torch.full((n,), self.seed, dtype=torch.int64, device=self.dev),
+                torch.full((n,), self.seeded, device=self.dev))
+
+    def _ints(self, xs) -> torch.Tensor:
+        return _ints(xs, self.dev)
 
     def _tok(self, t: int) -> int:
         return t if 0 <= t < self.vocab else 0    # an engine's garbage never reaches a lookup
 
     def _write(self, kv, write, upto: int, start: int, seq: Sequence[int]) -> None:
         if upto > start:
-            pos = torch.arange(start, upto)
+            pos = torch.arange(start, upto, device=self.dev)
             write(kv, self.table, torch.zeros_like(pos), pos,
-                  _ints(self._tok(t) for t in seq[start:upto]), torch.full_like(pos, self.rid))
+                  self._ints(self._tok(t) for t in seq[start:upto]), torch.full_like(pos, self.rid))
 
     def _targets(self, ctx: Sequence[int]) -> List[int]:
         seeds, seeded = self._q(len(ctx))
-        c = _ints(ctx)
+        c = self._ints(ctx)
         return self.m.target(self.kv, self.table, torch.zeros_like(c), c, seeds, seeded).tolist()
 
     # -- the sequence ----------------------------------------------------------------------
@@ -118,7 +125,7 @@ class ModelRequest:
             self._write(self.dkv, m.write_draft_kv, top, self.dkv_len, self.G)
             self.dkv_len = max(self.dkv_len, top)
             seeds, seeded = self._q(len(want))
-            c = _ints(want)
+            c = self._ints(want)
             got = m.draft(self.dkv, self.table, torch.zeros_like(c), c, seeds, seeded).tolist()
             self.D.update(zip(want, got))
         return [[self.D[L + j] for j in range(1, k + 1)] for L in starts]
@@ -130,10 +137,10 @@ class ModelRequest:
         if self.ekv is None:
             self.ekv = self._buf(head.kv_width, head.kv_dtype)
         if top > self.ekv_len:       # pairs (G[p+1], f_p) at p = ekv_len .. top-1
-            pos = torch.arange(self.ekv_len, top)
+            pos = torch.arange(self.ekv_len, top, device=self.dev)
             rows = torch.zeros_like(pos)
             feats = m.target_hidden(self.kv, self.table, rows, pos + 1)
-            head.write(self.ekv, self.table, rows, pos, _ints(self.G[p + 1] for p in pos.tolist()),
+            head.write(self.ekv, self.table, rows, pos, self._ints(self.G[p + 1] for p in pos.tolist()),
                        feats, torch.full_like(pos, self.rid))
             self.ekv_len = top
         # each verify chains in private slots of its own table row past its own L
@@ -142,14 +149,14 @@ class ModelRequest:
         table = self.table.repeat(v, 1)
         for i, L in enumerate(starts):
             base = self.W + 1 + i * k
-            table[i, L:L + k] = torch.arange(base, base + min(k, self.W - L))
-        rows, L_ = torch.arange(v), _ints(starts)
+            table[i, L:L + k] = torch.arange(base, base + min(k, self.W - L), device=self.dev)
+        rows, L_ = torch.arange(v, device=self.dev), self._ints(starts)
         seeds, seeded = self._q(v)
         g, d = head.out(ekv, table, rows, L_ - 1, seeds, seeded)
         out = [d.tolist()]
         for j in range(2, k + 1):
             pos = L_ + (j - 2)
-            head.write(ekv, table, rows, pos, _ints(self.G[L + j - 1] for L in starts), g,
+            head.write(ekv, table, rows, pos, self._ints(self.G[L + j - 1] for L in starts), g,
                        torch.full_like(rows, self.rid))
             g, d = head.out(ekv, table, rows, pos, seeds, seeded)
             out.append(d.tolist())
@@ -158,13 +165,13 @@ class ModelRequest:
     def _drafts_mtp(self, k: int, starts: List[int]) -> List[List[int]]:
         m, head = self.m, self.m.head("mtp")
         self._target_kv(max(starts))
-        L_ = _ints(starts)
+        L_ = self._ints(starts)
         rows = torch.zeros_like(L_)
         seeds, seeded = self._q(len(starts))
         g = m.target_hidden(self.kv, self.table, rows, L_)
         out = []
         for j in range(1, k + 1):
-            toks = _ints(self.G[L + j - 1] for L in starts)
+            toks = self._ints(self.G[L + j - 1] for L in starts)
             g, d = head.step(self.kv, self.table, rows, L_, L_ + (j - 1), toks, g, seeds, seeded)
             out.append(d.tolist())
         return [list(r) for r in zip(*out)]

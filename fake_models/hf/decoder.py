@@ -6,7 +6,8 @@ exact in float32), then per layer the rotated K and the V of every KV head
 ``write`` stores the rows of new tokens layer by layer (causal within one call, so
 prefill chunks and verify windows work), and ``column`` recomputes the last context
 token through every layer from the cache, reading every context slot through the
-request->token table. Every op is from ``hf.ops``: bitwise batch invariant.
+request->token table. Every op is from the device's kernel module (``hf.kernels``:
+``hf.ops``, the exact path, or ``hf.triton_ops`` on a GPU): bitwise batch invariant.
 
 Weights come from a zero-argument ``source`` (HF names, float32, ``[out, in]``) that is
 called on first use only, so naming a real size costs nothing until it runs.
@@ -19,7 +20,7 @@ import torch
 
 from ..kv_store import kept_sources
 from ..kv_store import store as store_rows
-from . import ops as O
+from . import kernels
 from .config import DecoderConfig
 
 TOK, POS, RID = 0, 1, 2
@@ -58,21 +59,24 @@ class Decoder:
             layers.append(L)
         embed = t["model.embed_tokens.weight"]
         head = embed if c.tie_word_embeddings else t["lm_head.weight"]
-        cos, sin = O.rope_tables(MAX_POS, c.head_dim, c.rope_theta, c.rope_llama3)
+        cos, sin = kernels.ops.rope_tables(MAX_POS, c.head_dim, c.rope_theta, c.rope_llama3)
         return {"embed": embed, "head": head.t().contiguous(), "norm": t["model.norm.weight"],
                 "cos": cos, "sin": sin, "layers": layers}
 
     def weights(self, device) -> dict:
-        """The prepared weights on ``device`` (built and copied once per device)."""
+        """The prepared weights on ``device`` (built and copied once per device), with
+        the device's kernel module under ``"ops"``."""
         key = str(device)
         if key not in self._dev:
             if self._cpu is None:
                 self._cpu = self._prepare()
+            O = kernels.for_device(device)
             to = lambda x: None if x is None else x.to(device)      # noqa: E731
             w = {k: to(v) for k, v in self._cpu.items() if k != "layers"}
             w["head"] = O.prepare(w["head"])
             w["layers"] = [{k: (O.prepare(to(v)) if k in MATRICES else to(v)) for k, v in L.items()}
                            for L in self._cpu["layers"]]
+            w["ops"] = O
             self._dev[key] = w
         return self._dev[key]
 
@@ -82,7 +86,7 @@ class Decoder:
         return k, k + self.kvw, k + 2 * self.kvw
 
     def _heads(self, x, w, b, norm, n_heads, pos, W):
-        c = self.cfg
+        c, O = self.cfg, W["ops"]
         y = O.linear(x, w, b).reshape(x.shape[0], n_heads, c.head_dim)
         if norm is not None:
             y = O.rms_norm(y, norm, c.rms_norm_eps)
@@ -92,28 +96,25 @@ class Decoder:
         """Layer ``l``'s rotated K and V rows (``[q, kvw]`` each) of normed inputs ``x``."""
         c, L = self.cfg, W["layers"][l]
         k = self._heads(x, L["wk"], L["bk"], L["kn"], c.num_key_value_heads, pos, W)
-        return k.reshape(x.shape[0], -1), O.linear(x, L["wv"], L["bv"])
+        return k.reshape(x.shape[0], -1), W["ops"].linear(x, L["wv"], L["bv"])
 
     def attention(self, W, l: int, x, kv, cols, slots, mask, pos):
         """Layer ``l``'s attention of queries ``x`` (normed) at ``pos`` over ``kv``'s
         columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask``; ``[q, d]``."""
-        c, L = self.cfg, W["layers"][l]
+        c, L, O = self.cfg, W["layers"][l], W["ops"]
         q = self._heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, pos, W)
-        n, width = slots.shape
-        shape = (n, width, c.num_key_value_heads, c.head_dim)
-        a = O.attend_gqa(q, kv[slots, cols[0]:cols[1]].reshape(shape),
-                         kv[slots, cols[1]:cols[2]].reshape(shape), mask)
-        return O.linear(a.reshape(n, -1), L["wo"])
+        a = O.attend(q, kv, cols, slots, mask, c.num_key_value_heads)
+        return O.linear(a.reshape(slots.shape[0], -1), L["wo"])
 
     def mlp(self, W, l: int, h):
-        L, eps = W["layers"][l], self.cfg.rms_norm_eps
+        L, eps, O = W["layers"][l], self.cfg.rms_norm_eps, W["ops"]
         x = O.rms_norm(h, L["ln2"], eps)
         return h + O.linear(O.silu(O.linear(x, L["wg"])) * O.linear(x, L["wu"]), L["wd"])
 
     def layer(self, W, l: int, h, x, kv, table, rows, pos):
         """Layer ``l`` for queries whose K/V are cached: attention over positions
         ``0..pos`` of each query's row, then the MLP; the new residual."""
-        slots, mask = O.context_slots(table, rows, pos)
+        slots, mask = W["ops"].context_slots(table, rows, pos)
         h = h + self.attention(W, l, x, kv, self.cols(l), slots, mask, pos)
         return self.mlp(W, l, h)
 
@@ -121,6 +122,7 @@ class Decoder:
     def write(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
         """Write the KV rows of new tokens (all layers), causally within the call."""
         W, eps = self.weights(kv.device), self.cfg.rms_norm_eps
+        O = W["ops"]
         slots = table[rows, pos]
         src = None if keep is None else kept_sources(kv.shape[0], slots, keep)
 
@@ -142,6 +144,7 @@ class Decoder:
     def hidden(self, kv, table, rows, ctx) -> torch.Tensor:
         """Final normed hidden state of the token at ``ctx - 1`` (its K/V cached)."""
         W, eps = self.weights(kv.device), self.cfg.rms_norm_eps
+        O = W["ops"]
         pos = ctx - 1
         h = W["embed"][kv[table[rows, pos], TOK].long()]
         for l, L in enumerate(W["layers"]):
@@ -149,4 +152,4 @@ class Decoder:
         return O.rms_norm(h, W["norm"], eps)
 
     def logits(self, W, hidden) -> torch.Tensor:
-        return O.linear(hidden, W["head"])
+        return W["ops"].linear(hidden, W["head"])

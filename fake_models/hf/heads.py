@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from ..kv_store import kept_sources, store
-from . import ops as O
+from . import kernels
 from .decoder import META, Decoder
 
 
@@ -51,15 +51,16 @@ class _Head:
     def weights(self, device):
         key = str(device)
         if key not in self._fc:
-            self._fc[key] = O.prepare(self._tensors()["fc.weight"].t().contiguous().to(device))
+            fc = self._tensors()["fc.weight"].t().contiguous().to(device)
+            self._fc[key] = kernels.for_device(device).prepare(fc)
         return self.dec.weights(device), self._fc[key]
 
     def fuse(self, W, fc, toks, feats):
-        return O.linear(torch.cat([W["embed"][toks], feats], 1), fc)
+        return W["ops"].linear(torch.cat([W["embed"][toks], feats], 1), fc)
 
     def finish(self, W, x, a, seeds, positions, seeded):
         """Residual + MLP over attention output ``a``; (normed hidden, sampled token)."""
-        g = O.rms_norm(self.dec.mlp(W, 0, x + a), W["norm"], self.dec.cfg.rms_norm_eps)
+        g = W["ops"].rms_norm(self.dec.mlp(W, 0, x + a), W["norm"], self.dec.cfg.rms_norm_eps)
         return g, self.model.sample(self.dec.logits(W, g), seeds, positions, seeded)
 
 
@@ -75,7 +76,8 @@ class EagleHead(_Head):
         W, fc = self.weights(ekv.device)
         slots = table[rows, pos]
         x = self.fuse(W, fc, toks, feats)
-        k, v = self.dec.kv_of(W, 0, O.rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps), pos)
+        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
+        k, v = self.dec.kv_of(W, 0, xn, pos)
         meta = torch.stack([toks, pos, rids], 1).to(ekv.dtype)
         new = torch.cat([meta, x, k, v], 1)
         store(ekv[:, :self.kv_width], slots, new,
@@ -86,8 +88,8 @@ class EagleHead(_Head):
         W, _ = self.weights(ekv.device)
         d, kvw = self.d, self.dec.kvw
         x = ekv[table[rows, pos], META:META + d]
-        slots, mask = O.context_slots(table, rows, pos)
-        xn = O.rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
+        slots, mask = W["ops"].context_slots(table, rows, pos)
+        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
         cols = (META + d, META + d + kvw, META + d + 2 * kvw)
         a = self.dec.attention(W, 0, xn, ekv, cols, slots, mask, pos)
         return self.finish(W, x, a, seeds, pos + 2, seeded)
@@ -102,9 +104,9 @@ class MTPHead(_Head):
         Attends to the target's last-layer K/V of positions ``0..lens-1``."""
         W, fc = self.weights(kv.device)
         x = self.fuse(W, fc, toks, feats)
-        slots, mask = O.context_slots(table, rows, lens - 1)
+        slots, mask = W["ops"].context_slots(table, rows, lens - 1)
         tgt = self.model.tdec
-        xn = O.rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
+        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
         a = self.dec.attention(W, 0, xn, kv, tgt.cols(tgt.cfg.num_hidden_layers - 1), slots,
                                mask, pos)
         return self.finish(W, x, a, seeds, pos + 1, seeded)

@@ -10,6 +10,7 @@ from typing import Callable, Dict
 import torch
 
 from ..oracle import SEEDED_PERCENT, mix
+from . import kernels
 from .decoder import Decoder
 from .errors import ModelError
 from .heads import HEADS, derived_head_tensors
@@ -49,6 +50,10 @@ class HFModel:
         self.hidden_width = target_cfg.hidden_size
         self._head_src = dict(heads or {})
         self._heads: Dict[str, object] = {}
+
+    def exact_on(self, device) -> bool:
+        """Whether this model gives the CPU's bits on ``device`` (``hf.kernels``)."""
+        return kernels.exact_on(device)
 
     def sample(self, logits, seeds_, positions, seeded) -> torch.Tensor:
         """Greedy argmax; where ``seeded``, another token ``SEEDED_PERCENT``% of the time

@@ -19,7 +19,8 @@ import torch
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
-__all__ = ["linear", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa", "context_slots", "silu"]
+__all__ = ["linear", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa",
+           "attend", "context_slots", "silu"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
@@ -121,3 +122,13 @@ def attend_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     e = torch.where(mask.unsqueeze(-1), poly_exp(s - s.max(1, keepdim=True).values, **EXP), 0.0)
     p = e / tree_sum(e, 1).unsqueeze(1)
     return tree_sum(p.unsqueeze(-1) * v, 1)
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, cols, slots: torch.Tensor, mask: torch.Tensor,
+           kv_heads: int) -> torch.Tensor:
+    """``attend_gqa`` of ``q [n, H, hd]`` over the K columns ``cols[0]:cols[1]`` and V
+    columns ``cols[1]:cols[2]`` of ``kv``'s rows ``slots [n, W]``."""
+    n, width = slots.shape
+    shape = (n, width, kv_heads, q.shape[-1])
+    return attend_gqa(q, kv[slots, cols[0]:cols[1]].reshape(shape),
+                      kv[slots, cols[1]:cols[2]].reshape(shape), mask)

@@ -99,11 +99,14 @@ def checker_names(case: Case) -> List[str]:
     return list(case.checks) or names_for(case.target)
 
 
-def reference_run(case: Case, model=None) -> RunResult:
+def reference_run(case: Case, model=None, device: Optional[str] = None) -> RunResult:
     """The parity reference of ``case``: its workload on the target's reference config,
-    eager, no detector, no checker."""
+    eager, no detector, no checker; on the target's default device, or ``device``
+    (``Target.reference_device``)."""
     target = targets.get(case.target)
     options = {"model": model} if model is not None else {}
+    if device is not None:
+        options["device"] = device
     session = target.open(target.reference_config(case.config), Eager(), None,
                           detect=False, trace=False, **options)
     try:
@@ -124,15 +127,15 @@ class References:
         self.keep = keep
         self.runs: "OrderedDict[tuple, RunResult]" = OrderedDict()
 
-    def get(self, case: Case) -> RunResult:
+    def get(self, case: Case, device: Optional[str] = None) -> RunResult:
         try:
             key = (case.target, targets.get(case.target).reference_config(case.config),
-                   case.workload)
+                   case.workload, device)
             hit = self.runs.get(key)
         except TypeError:      # a target whose config is not hashable
-            return reference_run(case)
+            return reference_run(case, device=device)
         if hit is None:
-            hit = self.runs[key] = reference_run(case)
+            hit = self.runs[key] = reference_run(case, device=device)
             if len(self.runs) > self.keep:
                 self.runs.popitem(last=False)
         else:
@@ -141,15 +144,16 @@ class References:
 
 
 def _context(case: Case, names: Sequence[str], model, reference,
-             references: Optional[References] = None) -> dict:
+             references: Optional[References] = None, device: Optional[str] = None) -> dict:
     """What checkers need beyond the events: parity's reference run (none when that
-    run fails: the run under test reports the engine's failures)."""
+    run fails: the run under test reports the engine's failures), on ``device`` when
+    the target names one."""
     if "parity" not in names or not case.workload.requests:
         return {}
     if reference is None:
         try:
-            reference = (references.get(case) if references is not None and model is None
-                         else reference_run(case, model))
+            reference = (references.get(case, device) if references is not None and model is None
+                         else reference_run(case, model, device))
         except Exception:  # noqa: BLE001
             return {}
     return {"reference": reference}
@@ -167,8 +171,12 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     ``engine`` — an engine factory a test plants a bug through)."""
     target = targets.get(case.target)
     names = checker_names(case)
-    ctx = target.checker_context(case.config)
-    ctx.update(_context(case, names, options.get("model"), reference, references))
+    run_device = (options["runtime"].backend if options.get("runtime") is not None
+                  else options.get("device", "sim"))
+    ref_device = target.reference_device(case.config, run_device, options.get("model"))
+    ctx = (target.checker_context(case.config) if ref_device is None
+           else target.checker_context(case.config, ref_device))
+    ctx.update(_context(case, names, options.get("model"), reference, references, ref_device))
     ctx.update(context or {})
     monitor = Monitor(make_checkers(names, **ctx), log=log)
     strategy = Replay(choices) if choices is not None else case.schedule.make()

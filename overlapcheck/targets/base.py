@@ -167,6 +167,11 @@ class Target:
         e.g. a golden model, or parity's options)."""
         return {}
 
+    def reference_device(self, cfg, device: str, model=None) -> Optional[str]:
+        """The device the references of a run on ``device`` (parity's reference run, a
+        golden model) must compute on, when not their default: None (the default)."""
+        return None
+
     def check_workload(self, workload, cfg) -> None:
         """``overlapcheck.engine.WorkloadError`` (one line) when ``workload`` does not fit
         ``cfg`` beyond its ``max_context`` (which every workload is parsed against)."""

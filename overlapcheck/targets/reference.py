@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence
 
+from ..device import device_info
 from .base import Session, Target
 
 
@@ -67,12 +68,22 @@ class ReferenceTarget(Target):
         from ..faults import FAULTS
         return FAULTS
 
-    def checker_context(self, cfg) -> dict:
+    def checker_context(self, cfg, device: Optional[str] = None) -> dict:
         """The golden reference of the config's model (``fake_models.golden``: on the CPU,
-        one per model and row width, shared by the runs of a process) and the config,
-        for the golden and accept-oracle checkers."""
+        or on ``device``'s GPU; one per model, row width and device, shared by the runs of
+        a process) and the config, for the golden and accept-oracle checkers."""
         from fake_models.golden import shared
-        return {"model_golden": shared(cfg.model, cfg.row_width), "engine_config": cfg}
+        where = "cuda" if device is not None and device_info(device).gpu else "cpu"
+        return {"model_golden": shared(cfg.model, cfg.row_width, where), "engine_config": cfg}
+
+    def reference_device(self, cfg, device: str, model=None) -> Optional[str]:
+        """``device`` when the model's GPU kernels there are not exact (batch invariant
+        but not the CPU's bits: ``fake_models.hf.triton_ops``): parity's reference run and
+        the golden model then run on it too; else None (the sim and the CPU)."""
+        from fake_models.golden import exact_on
+        if not device_info(device).gpu or exact_on(model if model is not None else cfg.model, "cuda"):
+            return None
+        return device
 
     def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
              model=None, runtime=None, access="declared", detect=True, engine=None,

@@ -1,0 +1,164 @@
+"""Batch-invariant GPU kernels of the HF-family decoder (Triton), the GPU counterpart of
+``hf.ops`` (docs/design.md §4.10).
+
+A real engine runs bf16 matmuls and fused attention; the exact path of ``hf.ops``
+(float64 grids, fixed binary trees of thousands of tiny kernels) keeps the GPU busy
+with work no real model does. These kernels compute in bf16/fp32 like a real model and
+stay *bitwise batch invariant* by fixing every reduction order per output row, the
+approach of vLLM's batch-invariant mode and SGLang's deterministic inference:
+
+* ``linear``: ``x [M, K] @ w [K, N]``, bf16 operands, fp32 accumulation, one tile
+  configuration for every ``M`` (no split-K, no autotuning): a row's outputs are the
+  same sequence of block products whatever rows share its tile or launch;
+* ``rms_norm``: one program per row, the row's sum of squares as one block reduction;
+* ``attend``: one program per (query, head), reading K and V straight from the paged KV
+  cache through the query's slots in fixed blocks of positions: a max pass, then the
+  exponentials' sum and the weighted values in the same block order. Masked positions
+  contribute exact zeros, so the result does not depend on the table's width either.
+
+Elementwise ops (RoPE, SiLU, residual adds) and ``argmax`` are batch invariant as
+torch runs them. Results differ from the exact CPU path's (bf16 weights); a run and
+its references (parity's, golden) compute on the same device (``HFModel.exact_on``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .ops import context_slots, rope, rope_tables  # noqa: F401  (the same on both paths)
+
+BM, BN, BK = 16, 64, 64          # one linear tile for every M: the invariance
+BW = 32                          # attention positions per block
+
+
+class Bf16Weight:
+    """A ``[din, dout]`` weight in bf16, contiguous, as ``linear`` takes it."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w.to(torch.bfloat16).contiguous()
+        self.shape = tuple(w.shape)
+
+
+def prepare(w):
+    """A weight as ``linear`` takes it (``None`` stays ``None``)."""
+    return None if w is None else Bf16Weight(w)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx, sw, sy,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * sx + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(w_ptr + kk[:, None] * sw + rn[None, :],
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(b.dtype), b, acc)
+    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def linear(x: torch.Tensor, w, b=None) -> torch.Tensor:
+    """``x @ w (+ b)`` for ``x [..., din]`` (float32) and a ``Bf16Weight``; float32."""
+    if not isinstance(w, Bf16Weight):
+        w = Bf16Weight(w)
+    din, dout = w.shape
+    flat = x.reshape(-1, din).float().contiguous()
+    m = flat.shape[0]
+    y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
+    if m:
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, BN))
+        _linear_kernel[grid](flat, w.w, y, m, dout, din, flat.stride(0), w.w.stride(0),
+                             y.stride(0), BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+    y = y.reshape(*x.shape[:-1], dout)
+    return y if b is None else y + b
+
+
+@triton.jit(do_not_specialize=["R"])
+def _rms_kernel(x_ptr, w_ptr, y_ptr, R, D, eps, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    d = tl.arange(0, BLOCK)
+    ok = d < D
+    x = tl.load(x_ptr + r * D + d, mask=ok, other=0.0)
+    ss = tl.sum(x * x, axis=0)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
+    y = x / tl.sqrt(ss / D + eps) * w
+    tl.store(y_ptr + r * D + d, y, mask=ok)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, one program per row."""
+    d = x.shape[-1]
+    flat = x.reshape(-1, d).float().contiguous()
+    y = torch.empty_like(flat)
+    if flat.shape[0]:
+        _rms_kernel[(flat.shape[0],)](flat, w.float().contiguous(), y, flat.shape[0], d,
+                                      float(eps), BLOCK=triton.next_power_of_2(d))
+    return y.reshape(x.shape)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(x)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _attend_kernel(q_ptr, kv_ptr, slots_ptr, mask_ptr, o_ptr, n, W, skv, kcol, vcol,
+                   group, HD, scale, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    heads = tl.num_programs(1)
+    g = h // group
+    d = tl.arange(0, BLOCK_D)
+    dm = d < HD
+    q = tl.load(q_ptr + (i * heads + h) * HD + d, mask=dm, other=0.0)
+    m = tl.max(tl.full((BLOCK_W,), float("-inf"), tl.float32), axis=0)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        ok = tl.load(mask_ptr + i * W + w, mask=w < W, other=0) != 0
+        slot = tl.load(slots_ptr + i * W + w, mask=ok, other=0)
+        k = tl.load(kv_ptr + slot[:, None] * skv + kcol + g * HD + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)
+        s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m = tl.maximum(m, tl.max(s, axis=0))
+    total = tl.sum(tl.zeros((BLOCK_W,), tl.float32), axis=0)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        ok = tl.load(mask_ptr + i * W + w, mask=w < W, other=0) != 0
+        slot = tl.load(slots_ptr + i * W + w, mask=ok, other=0)
+        k = tl.load(kv_ptr + slot[:, None] * skv + kcol + g * HD + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)
+        s = tl.sum(k * q[None, :], axis=1) * scale
+        p = tl.where(ok, tl.exp(s - m), 0.0)
+        total += tl.sum(p, axis=0)
+        v = tl.load(kv_ptr + slot[:, None] * skv + vcol + g * HD + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)
+        acc += tl.sum(p[:, None] * v, axis=0)
+    tl.store(o_ptr + (i * heads + h) * HD + d, acc / total, mask=dm)
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, cols, slots: torch.Tensor,
+           mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Grouped-query attention of ``q [n, H, hd]`` over the K columns ``cols[0]:cols[1]``
+    and V columns ``cols[1]:cols[2]`` of ``kv``'s rows ``slots [n, W]`` where ``mask``;
+    ``[n, H, hd]``. Each query has at least one unmasked position (itself)."""
+    n, heads, hd = q.shape
+    out = torch.empty((n, heads, hd), dtype=torch.float32, device=q.device)
+    if n:
+        if kv.dtype != torch.float32 or kv.stride(1) != 1:
+            raise ValueError("attend reads a float32 KV cache with contiguous rows")
+        width = slots.shape[1]
+        _attend_kernel[(n, heads)](
+            q.float().contiguous(), kv, slots.contiguous(), mask.to(torch.int8).contiguous(),
+            out, n, width, kv.stride(0), cols[0], cols[1], heads // kv_heads, hd,
+            1.0 / math.sqrt(hd), BLOCK_W=BW, BLOCK_D=triton.next_power_of_2(hd))
+    return out

@@ -1,0 +1,99 @@
+"""The HF decoder's Triton kernels on a CUDA device (skipped without one or without
+Triton): bitwise batch invariant — a row alone equals the row in any batch, for the
+kernels and for a whole model's logits — close to the exact path, and an engine
+running them keeps parity and golden (whose references then run on the GPU too)."""
+import pytest
+import torch
+
+from fake_models import make_model
+from fake_models.hf import kernels, ops as O
+from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.run import Case, ScheduleSpec, execute
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def T():
+    if kernels.for_device("cuda") is O:
+        pytest.skip("Triton cannot load here")
+    return kernels.for_device("cuda")
+
+
+def _chunks(f, x, n):
+    return torch.cat([f(x[i:i + n]) for i in range(0, x.shape[0], n)])
+
+
+@pytest.mark.parametrize("din,dout", [(64, 70), (2048, 8192), (8192, 2048), (1024, 151936)])
+def test_linear_is_batch_invariant_and_close(T, din, dout):
+    g = torch.Generator().manual_seed(din + dout)
+    w = (torch.randn(din, dout, generator=g) * din ** -0.5).cuda()
+    x = torch.randn(37, din, generator=g).cuda()
+    W = T.prepare(w)
+    y = T.linear(x, W)
+    for n in (1, 3, 16, 17):
+        assert torch.equal(_chunks(lambda t: T.linear(t, W), x, n), y), n
+    ref = x.double() @ w.double()
+    assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+def test_rms_norm_and_attention_are_batch_invariant_and_close(T):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(33, 2048, generator=g).cuda()
+    w = torch.rand(2048, generator=g).cuda()
+    y = T.rms_norm(x, w, 1e-6)
+    assert torch.equal(_chunks(lambda t: T.rms_norm(t, w, 1e-6), x, 1), y)
+    assert torch.allclose(y, O.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    n, heads, kvh, hd, slots_n = 12, 8, 2, 64, 400
+    kv = torch.randn(slots_n, 3 + 2 * kvh * hd, generator=g).cuda()
+    table = torch.stack([torch.randperm(slots_n - 1, generator=g)[:96] + 1 for _ in range(n)]).cuda()
+    rows, pos = torch.arange(n).cuda(), torch.randint(0, 96, (n,), generator=g).cuda()
+    q = torch.randn(n, heads, hd, generator=g).cuda()
+    cols = (3, 3 + kvh * hd, 3 + 2 * kvh * hd)
+    slots, mask = O.context_slots(table, rows, pos)
+    a = T.attend(q, kv, cols, slots, mask, kvh)
+    for i in range(n):
+        s1, m1 = O.context_slots(table, rows[i:i + 1], pos[i:i + 1])
+        assert torch.equal(T.attend(q[i:i + 1], kv, cols, s1, m1, kvh)[0], a[i]), i
+    assert torch.allclose(a, O.attend(q, kv, cols, slots, mask, kvh), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["random:tiny-qwen3", "trained", "random:llama-1b"])
+def test_model_logits_of_a_request_alone_equal_its_logits_in_a_batch(name):
+    """Eight requests of different lengths written and read in one batch give the same
+    KV rows and logits, bit for bit, as each written and read alone."""
+    m = make_model(name)
+    assert not m.exact_on("cuda")
+    g = torch.Generator().manual_seed(3)
+    lens = [5, 17, 1, 30, 9, 22, 2, 12]
+    width = 32
+    kvb = torch.zeros(len(lens) * width + 1, m.kv_width, device="cuda")
+    table = (torch.arange(len(lens) * width).reshape(len(lens), width) + 1).cuda()
+    toks = [torch.randint(0, m.vocab, (n,), generator=g) for n in lens]
+    rows = torch.cat([torch.full((n,), r) for r, n in enumerate(lens)]).cuda()
+    pos = torch.cat([torch.arange(n) for n in lens]).cuda()
+    m.write_kv(kvb, table, rows, pos, torch.cat(toks).cuda(), rows.clone())
+    ctx = torch.tensor(lens).cuda()
+    batch = m.target_logits(kvb, table, torch.arange(len(lens)).cuda(), ctx)
+    for r, n in enumerate(lens):
+        kv1 = torch.zeros_like(kvb)
+        one = torch.full((n,), r).cuda()
+        m.write_kv(kv1, table, one, torch.arange(n).cuda(), toks[r].cuda(), one.clone())
+        sl = table[r, :n]
+        assert torch.equal(kv1[sl], kvb[sl]), f"{name}: request {r}'s KV rows differ"
+        alone = m.target_logits(kv1, table, torch.tensor([r]).cuda(), ctx[r:r + 1])
+        assert torch.equal(alone[0], batch[r]), f"{name}: request {r}'s logits differ"
+
+
+@pytest.mark.parametrize("model", ["random:tiny-qwen3", "trained"])
+@pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
+def test_engine_on_triton_kernels_keeps_parity_and_golden(model, kind):
+    cfg = EngineConfig(page_size=4, pool_tokens=512, row_width=64, max_running=6, chunk_size=16,
+                       draft_kind=kind, model=model)
+    for seed in (1, 2):
+        wl = generate(seed, 8, cfg, max_new=20)
+        out = execute(Case(cfg, wl, ScheduleSpec("random", seed)), device="cuda", trace=False)
+        assert out.status == "completed", out.status
+        assert not out.findings, out.findings[0].text
+        assert out.result.summary.verifies > 0
