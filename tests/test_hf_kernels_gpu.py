@@ -38,6 +38,30 @@ def test_linear_is_batch_invariant_and_close(T, din, dout):
     assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
 
 
+def test_fused_epilogues_and_rope_are_batch_invariant_and_close(T):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(29, 1024, generator=g).cuda()
+    wg, wu = (torch.randn(1024, 4096, generator=g) * 1024 ** -0.5 for _ in range(2))
+    wg, wu = wg.cuda(), wu.cuda()
+    b = torch.randn(4096, generator=g).cuda()
+    r = torch.randn(29, 4096, generator=g).cuda()
+    G, U = T.prepare(wg), T.prepare(wu)
+    y = T.gated(x, G, U)
+    z = T.linear(x, G, b, residual=r)
+    for n in (1, 5, 16):
+        assert torch.equal(_chunks(lambda t: T.gated(t, G, U), x, n), y), n
+        assert torch.equal(torch.cat([T.linear(x[i:i + n], G, b, residual=r[i:i + n])
+                                      for i in range(0, 29, n)]), z), n
+    ref = torch.nn.functional.silu(x.double() @ wg.double()) * (x.double() @ wu.double())
+    assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 3e-2
+    assert torch.allclose(z, r + T.linear(x, G) + b, rtol=0, atol=1e-4)
+    cos, sin = O.rope_tables(512, 64, 10000.0)
+    q = torch.randn(9, 8, 64, generator=g).cuda()
+    pos = torch.randint(0, 512, (9,), generator=g).cuda()
+    assert torch.equal(T.rope(q, pos, cos.cuda(), sin.cuda()),
+                       O.rope(q, pos, cos.cuda(), sin.cuda()))
+
+
 def test_rms_norm_and_attention_are_batch_invariant_and_close(T):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(33, 2048, generator=g).cuda()

@@ -98,24 +98,25 @@ class Decoder:
         k = self._heads(x, L["wk"], L["bk"], L["kn"], c.num_key_value_heads, pos, W)
         return k.reshape(x.shape[0], -1), W["ops"].linear(x, L["wv"], L["bv"])
 
-    def attention(self, W, l: int, x, kv, cols, slots, mask, pos):
+    def attention(self, W, l: int, x, kv, cols, slots, mask, pos, residual=None):
         """Layer ``l``'s attention of queries ``x`` (normed) at ``pos`` over ``kv``'s
-        columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask``; ``[q, d]``."""
+        columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask`` (``context_slots``),
+        added to ``residual`` when given; ``[q, d]``."""
         c, L, O = self.cfg, W["layers"][l], W["ops"]
         q = self._heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, pos, W)
         a = O.attend(q, kv, cols, slots, mask, c.num_key_value_heads)
-        return O.linear(a.reshape(slots.shape[0], -1), L["wo"])
+        return O.linear(a.reshape(slots.shape[0], -1), L["wo"], residual=residual)
 
     def mlp(self, W, l: int, h):
         L, eps, O = W["layers"][l], self.cfg.rms_norm_eps, W["ops"]
         x = O.rms_norm(h, L["ln2"], eps)
-        return h + O.linear(O.silu(O.linear(x, L["wg"])) * O.linear(x, L["wu"]), L["wd"])
+        return O.linear(O.gated(x, L["wg"], L["wu"]), L["wd"], residual=h)
 
-    def layer(self, W, l: int, h, x, kv, table, rows, pos):
+    def layer(self, W, l: int, h, x, kv, ctx, pos):
         """Layer ``l`` for queries whose K/V are cached: attention over positions
-        ``0..pos`` of each query's row, then the MLP; the new residual."""
-        slots, mask = W["ops"].context_slots(table, rows, pos)
-        h = h + self.attention(W, l, x, kv, self.cols(l), slots, mask, pos)
+        ``0..pos`` of each query's row (``ctx``: their ``context_slots``, the same for
+        every layer), then the MLP; the new residual."""
+        h = self.attention(W, l, x, kv, self.cols(l), ctx[0], ctx[1], pos, residual=h)
         return self.mlp(W, l, h)
 
     # -- the interface the model uses ----------------------------------------------------
@@ -132,6 +133,7 @@ class Decoder:
         store(0, META, torch.stack([toks, pos, rids], 1).to(kv.dtype))
         h = W["embed"][toks]
         n = len(W["layers"])
+        ctx = O.context_slots(table, rows, pos) if n > 1 else None
         for l in range(n):
             x = O.rms_norm(h, W["layers"][l]["ln1"], eps)
             k0, k1, v1 = self.cols(l)
@@ -139,7 +141,7 @@ class Decoder:
             store(k0, k1, k)
             store(k1, v1, v)
             if l + 1 < n:
-                h = self.layer(W, l, h, x, kv, table, rows, pos)
+                h = self.layer(W, l, h, x, kv, ctx, pos)
 
     def hidden(self, kv, table, rows, ctx) -> torch.Tensor:
         """Final normed hidden state of the token at ``ctx - 1`` (its K/V cached)."""
@@ -147,8 +149,9 @@ class Decoder:
         O = W["ops"]
         pos = ctx - 1
         h = W["embed"][kv[table[rows, pos], TOK].long()]
+        ctx = O.context_slots(table, rows, pos)
         for l, L in enumerate(W["layers"]):
-            h = self.layer(W, l, h, O.rms_norm(h, L["ln1"], eps), kv, table, rows, pos)
+            h = self.layer(W, l, h, O.rms_norm(h, L["ln1"], eps), kv, ctx, pos)
         return O.rms_norm(h, W["norm"], eps)
 
     def logits(self, W, hidden) -> torch.Tensor:

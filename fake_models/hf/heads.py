@@ -58,9 +58,10 @@ class _Head:
     def fuse(self, W, fc, toks, feats):
         return W["ops"].linear(torch.cat([W["embed"][toks], feats], 1), fc)
 
-    def finish(self, W, x, a, seeds, positions, seeded):
-        """Residual + MLP over attention output ``a``; (normed hidden, sampled token)."""
-        g = W["ops"].rms_norm(self.dec.mlp(W, 0, x + a), W["norm"], self.dec.cfg.rms_norm_eps)
+    def finish(self, W, h, seeds, positions, seeded):
+        """The MLP over ``h`` (the input plus its attention output); (normed hidden,
+        sampled token)."""
+        g = W["ops"].rms_norm(self.dec.mlp(W, 0, h), W["norm"], self.dec.cfg.rms_norm_eps)
         return g, self.model.sample(self.dec.logits(W, g), seeds, positions, seeded)
 
 
@@ -91,8 +92,8 @@ class EagleHead(_Head):
         slots, mask = W["ops"].context_slots(table, rows, pos)
         xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
         cols = (META + d, META + d + kvw, META + d + 2 * kvw)
-        a = self.dec.attention(W, 0, xn, ekv, cols, slots, mask, pos)
-        return self.finish(W, x, a, seeds, pos + 2, seeded)
+        h = self.dec.attention(W, 0, xn, ekv, cols, slots, mask, pos, residual=x)
+        return self.finish(W, h, seeds, pos + 2, seeded)
 
 
 class MTPHead(_Head):
@@ -107,9 +108,9 @@ class MTPHead(_Head):
         slots, mask = W["ops"].context_slots(table, rows, lens - 1)
         tgt = self.model.tdec
         xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
-        a = self.dec.attention(W, 0, xn, kv, tgt.cols(tgt.cfg.num_hidden_layers - 1), slots,
-                               mask, pos)
-        return self.finish(W, x, a, seeds, pos + 1, seeded)
+        h = self.dec.attention(W, 0, xn, kv, tgt.cols(tgt.cfg.num_hidden_layers - 1), slots,
+                               mask, pos, residual=x)
+        return self.finish(W, h, seeds, pos + 1, seeded)
 
 
 HEADS = {"eagle": EagleHead, "mtp": MTPHead}

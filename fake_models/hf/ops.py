@@ -19,8 +19,8 @@ import torch
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
-__all__ = ["linear", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa",
-           "attend", "context_slots", "silu"]
+__all__ = ["linear", "gated", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables",
+           "attend_gqa", "attend", "context_slots", "silu"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
@@ -61,9 +61,10 @@ def prepare(w: Optional[torch.Tensor]):
     return ExactWeight(w)
 
 
-def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ w (+ b)`` for ``x [..., din]``, ``w [din, dout]`` (or its ``ExactWeight``);
-    batch invariant."""
+def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(residual +) x @ w (+ b)`` for ``x [..., din]``, ``w [din, dout]`` (or its
+    ``ExactWeight``); batch invariant."""
     if isinstance(w, ExactWeight):
         y = w(x)
     else:
@@ -72,7 +73,13 @@ def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None) -> torch.Tensor
             x = torch.cat([x, x.new_zeros(x.shape[:-1] + (p - din,))], -1)
             w = torch.cat([w, w.new_zeros((p - din, w.shape[1]))], 0)
         y = tree_linear(x, w)
-    return y if b is None else y + b
+    y = y if b is None else y + b
+    return y if residual is None else residual + y
+
+
+def gated(x: torch.Tensor, wg, wu) -> torch.Tensor:
+    """The gated MLP's input to its down projection: ``silu(x @ wg) * (x @ wu)``."""
+    return silu(linear(x, wg)) * linear(x, wu)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

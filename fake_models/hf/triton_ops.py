@@ -16,8 +16,9 @@ approach of vLLM's batch-invariant mode and SGLang's deterministic inference:
   exponentials' sum and the weighted values in the same block order. Masked positions
   contribute exact zeros, so the result does not depend on the table's width either.
 
-Elementwise ops (RoPE, SiLU, residual adds) and ``argmax`` are batch invariant as
-torch runs them. Results differ from the exact CPU path's (bf16 weights); a run and
+Epilogues fuse what follows a matmul (bias, residual add; the gated MLP's SiLU and
+product) and RoPE is one kernel, so that a layer is a few dozen launches, not hundreds.
+Elementwise math and ``argmax`` are batch invariant as they are. Results differ from the exact CPU path's (bf16 weights); a run and
 its references (parity's, golden) compute on the same device (``HFModel.exact_on``).
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .ops import context_slots, rope, rope_tables  # noqa: F401  (the same on both paths)
+from . import ops as _exact
+from .ops import rope_tables  # noqa: F401  (the same on both paths)
 
 BM, BN, BK = 16, 64, 64          # one linear tile for every M: the invariance
 BW = 32                          # attention positions per block
@@ -47,13 +49,10 @@ def prepare(w):
     return None if w is None else Bf16Weight(w)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx, sw, sy,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pm = tl.program_id(0)
-    pn = tl.program_id(1)
-    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+@triton.jit
+def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    """``x[rm] @ w[:, rn]``: bf16 block products accumulated in fp32, K in fixed order."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -63,24 +62,71 @@ def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx, sw, sy,
         b = tl.load(w_ptr + kk[:, None] * sw + rn[None, :],
                     mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(a.to(b.dtype), b, acc)
-    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], acc,
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, sx, sw, sy,
+                   HAS_B: tl.constexpr, HAS_R: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_B:
+        y = y + tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_R:
+        y = tl.load(r_ptr + rm[:, None] * sy + rn[None, :], mask=ok, other=0.0) + y
+    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], y, mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, sx, sw, sy,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
+    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], y,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def linear(x: torch.Tensor, w, b=None) -> torch.Tensor:
-    """``x @ w (+ b)`` for ``x [..., din]`` (float32) and a ``Bf16Weight``; float32."""
+def _rows(x: torch.Tensor, din: int) -> torch.Tensor:
+    return x.reshape(-1, din).float().contiguous()
+
+
+def linear(x: torch.Tensor, w, b=None, residual=None) -> torch.Tensor:
+    """``(residual +) x @ w (+ b)`` for ``x [..., din]`` (float32) and a ``Bf16Weight``;
+    float32, bias and residual added in the matmul's epilogue."""
     if not isinstance(w, Bf16Weight):
         w = Bf16Weight(w)
     din, dout = w.shape
-    flat = x.reshape(-1, din).float().contiguous()
+    flat = _rows(x, din)
+    m = flat.shape[0]
+    y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
+    if m:
+        r = None if residual is None else _rows(residual, dout)
+        bias = None if b is None else b.float().contiguous()
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, BN))
+        _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r, y,
+                             m, dout, din, flat.stride(0), w.w.stride(0), y.stride(0),
+                             HAS_B=bias is not None, HAS_R=r is not None,
+                             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+    return y.reshape(*x.shape[:-1], dout)
+
+
+def gated(x: torch.Tensor, wg, wu) -> torch.Tensor:
+    """``silu(x @ wg) * (x @ wu)`` in one kernel (both products share the tile loop)."""
+    din, dout = wg.shape
+    flat = _rows(x, din)
     m = flat.shape[0]
     y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
     if m:
         grid = (triton.cdiv(m, BM), triton.cdiv(dout, BN))
-        _linear_kernel[grid](flat, w.w, y, m, dout, din, flat.stride(0), w.w.stride(0),
-                             y.stride(0), BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
-    y = y.reshape(*x.shape[:-1], dout)
-    return y if b is None else y + b
+        _gated_kernel[grid](flat, wg.w, wu.w, y, m, dout, din, flat.stride(0), wg.w.stride(0),
+                            y.stride(0), BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+    return y.reshape(*x.shape[:-1], dout)
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -108,6 +154,39 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x)
+
+
+@triton.jit(do_not_specialize=["R"])
+def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, R, heads, HALF, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    p = tl.load(pos_ptr + r // heads)
+    d = tl.arange(0, BLOCK)
+    ok = d < HALF
+    x1 = tl.load(x_ptr + r * 2 * HALF + d, mask=ok, other=0.0)
+    x2 = tl.load(x_ptr + r * 2 * HALF + HALF + d, mask=ok, other=0.0)
+    c = tl.load(cos_ptr + p * HALF + d, mask=ok, other=0.0)
+    s = tl.load(sin_ptr + p * HALF + d, mask=ok, other=0.0)
+    tl.store(y_ptr + r * 2 * HALF + d, x1 * c - x2 * s, mask=ok)
+    tl.store(y_ptr + r * 2 * HALF + HALF + d, x1 * s + x2 * c, mask=ok)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of ``x [q, heads, hd]`` at positions ``pos [q]``, one kernel."""
+    q, heads, hd = x.shape
+    src = x.float().contiguous()
+    y = torch.empty_like(src)
+    if q:
+        _rope_kernel[(q * heads,)](src, pos.contiguous(), cos.contiguous(), sin.contiguous(), y,
+                                   q * heads, heads, hd // 2,
+                                   BLOCK=triton.next_power_of_2(hd // 2))
+    return y
+
+
+def context_slots(table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor):
+    """``ops.context_slots`` with the mask as int8, the form ``attend`` reads (made once
+    per call, read by every layer)."""
+    slots, mask = _exact.context_slots(table, rows, last)
+    return slots.contiguous(), mask.to(torch.int8)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -158,7 +237,8 @@ def attend(q: torch.Tensor, kv: torch.Tensor, cols, slots: torch.Tensor,
             raise ValueError("attend reads a float32 KV cache with contiguous rows")
         width = slots.shape[1]
         _attend_kernel[(n, heads)](
-            q.float().contiguous(), kv, slots.contiguous(), mask.to(torch.int8).contiguous(),
+            q.float().contiguous(), kv, slots.contiguous(),
+            (mask if mask.dtype == torch.int8 else mask.to(torch.int8)).contiguous(),
             out, n, width, kv.stride(0), cols[0], cols[1], heads // kv_heads, hd,
             1.0 / math.sqrt(hd), BLOCK_W=BW, BLOCK_D=triton.next_power_of_2(hd))
     return out
