@@ -9,7 +9,8 @@ sync debug mode, GPU kernel time from the profiler, and a one-step profile table
   ``to_host``) is already in ``rt.syncs``; every other one ("unseen", e.g. an ``.item()``
   inside a kernel closure) is a host sync the runtime's count misses.
 * ``kernel_busy_us``: the union of the device intervals (kernels, copies, memsets) a
-  profiler saw, in microseconds: time the GPU was busy on any stream.
+  profiler saw, in microseconds: time the GPU was busy on any stream; ``idle_gaps_us``:
+  the idle time between them, split into launch seams (short) and waits (long).
 * ``gpu_info``/``gpu_line``: the card a figure came from (docs/design.md §8.1): its name,
   memory and SM count from ``torch.cuda``, and, where ``nvidia-smi`` is present, the
   driver, clocks (SM now and max, memory), P-state, temperature, power and the active
@@ -105,6 +106,24 @@ def kernel_busy_us(prof):
         return busy, "union of device intervals"
     total = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
     return (total, "sum of self device time") if total else (0.0, None)
+
+
+def idle_gaps_us(prof, short_us: float = 10.0):
+    """(microseconds idle in gaps under ``short_us``, in longer ones) between the device
+    intervals the profiler saw, from the first to the last: short gaps are the launch
+    seams between back-to-back kernels, long ones the GPU waiting for the host."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    short = long_ = 0.0
+    end = None
+    for s, e in spans:
+        if end is not None and s > end:
+            if s - end < short_us:
+                short += s - end
+            else:
+                long_ += s - end
+        end = e if end is None else max(end, e)
+    return short, long_
 
 
 def table(prof, device: str, rows: int = 15) -> str:

@@ -249,10 +249,13 @@ def observe(args, name, model, batch, rec):
         rec["real_syncs"][mode] = watch.report(got["steps"])
         per_step_s = 1.0 / rec["modes"][mode]["steps_per_s"]
         us, how = obs.kernel_busy_us(prof)
+        short, long_ = obs.idle_gaps_us(prof)
         kern = us / 1e6 / got["steps"]
         rec["gpu_busy"][mode] = {"kernel_ms_per_step": round(kern * 1e3, 3), "method": how,
                                  "busy": round(min(1.0, kern / per_step_s), 3),
-                                 "busy_in_profiled_pass": round(min(1.0, kern * got["steps"] / got["seconds"]), 3)}
+                                 "busy_in_profiled_pass": round(min(1.0, kern * got["steps"] / got["seconds"]), 3),
+                                 "idle_ms_per_step": {"seams_under_10us": round(short / 1e3 / got["steps"], 3),
+                                                      "longer": round(long_ / 1e3 / got["steps"], 3)}}
 
 
 def profile_one_step(args, name, model, batch, mode) -> str:
