@@ -79,15 +79,16 @@ class Golden:
         return tuple(r.G[:need])
 
     def accept_lens(self, prompt, seed: int, seeded: bool, kind: str, k: int,
-                    starts: Sequence[int], hint: Sequence[int] = ()) -> List[int]:
-        """Golden accept lengths of verifies at committed lengths ``starts``."""
+                    starts: Sequence[int], hint: Sequence[int] = (), topk: int = 1) -> List[int]:
+        """Golden accept lengths of verifies at committed lengths ``starts`` (``topk`` > 1:
+        tree drafts, docs/design.md §4.12)."""
         if not starts:
             return []
         self.sequence(prompt, seed, seeded, max(starts) + k + 1, hint)
         r = self._req(prompt, seed, seeded)
         if self.exact:
-            return [r.accept_len(kind, k, L) for L in starts]
-        return r.accept_lens(kind, k, starts)
+            return [r.accept_len(kind, k, L, topk) for L in starts]
+        return r.accept_lens(kind, k, starts, topk)
 
 
 @functools.lru_cache(maxsize=4)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .oracle import SEEDED_PERCENT, M
+from .oracle import RANK_SALT, SEEDED_PERCENT, M
 
 
 def mix(x: int, *ys: int) -> int:
@@ -91,9 +91,50 @@ class OracleRequest:
             return self._agree(like, mix(self.R[L], self.R[n], self.seed, n))
         raise ValueError(f"no golden draft for draft kind {kind!r}")
 
-    def accept_len(self, kind: str, k: int, L: int) -> int:
-        """The accept length of a verify at committed length ``L`` with ``k`` drafts."""
+    def accept_len(self, kind: str, k: int, L: int, topk: int = 1) -> int:
+        """The accept length of a verify at committed length ``L`` with ``k`` drafts
+        (``topk`` > 1: the tree of docs/design.md §4.12, whose rank-0 candidate at each
+        depth continues and whose other candidates are leaves)."""
+        if topk > 1:
+            return self._tree_accept_len(kind, k, L, topk)
         a = 1
         while a <= k and self.draft(kind, L, a) == self.G[L + a]:
             a += 1
+        return a
+
+    def candidates(self, kind: str, L: int, j: int, topk: int) -> List[int]:
+        """The ``topk`` candidates at depth ``j`` of a tree at committed length ``L``
+        whose rank-0 path so far matches ``G`` (``oracle.ranked`` on ints)."""
+        n = L + j
+        like = self.G[n]
+        if kind == "standalone":
+            x = mix(self.R[n], n)
+            agrees = [mix(x, self.seed, n, self.salt + 7 + RANK_SALT * r) % 100 < self.agreement
+                      for r in range(topk)]
+        elif kind == "eagle":
+            x = mix(self.E[n - 1] % M, self.R[n], self.seed, n)
+            agrees = [mix(x, self.salt + 11 + RANK_SALT * r) % 100 < self.agreement
+                      for r in range(topk)]
+        else:
+            raise ValueError(f"no golden tree draft for draft kind {kind!r}")
+        o, taken, used, out = 1 + mix(x, 3) % (self.vocab - 1), False, 0, []
+        for a in agrees:
+            if a and not taken:
+                out.append(like)
+                taken = True
+            else:
+                out.append((like + 1 + (o - 1 + used) % (self.vocab - 1)) % self.vocab)
+                used += 1
+        return out
+
+    def _tree_accept_len(self, kind: str, k: int, L: int, topk: int) -> int:
+        a = 1
+        while a <= k:
+            c = self.candidates(kind, L, a, topk)
+            t = self.G[L + a]
+            if t not in c:
+                break
+            a += 1
+            if c[0] != t:       # a leaf: no deeper node
+                break
         return a

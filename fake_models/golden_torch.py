@@ -97,14 +97,26 @@ class ModelRequest:
             self.kv_len = upto
 
     # -- drafts -----------------------------------------------------------------------------
-    def accept_lens(self, kind: str, k: int, starts: Sequence[int]) -> List[int]:
+    def accept_lens(self, kind: str, k: int, starts: Sequence[int], topk: int = 1) -> List[int]:
         """Accept lengths of verifies at committed lengths ``starts`` (``G`` must hold
-        ``L + k + 1`` tokens for each)."""
+        ``L + k + 1`` tokens for each); ``topk`` > 1: tree drafts (docs/design.md §4.12:
+        the rank-0 candidate continues, the others are leaves)."""
         if not starts:
             return []
         drafts = getattr(self, "_drafts_" + kind, None)
-        if drafts is None:
+        if drafts is None or (topk > 1 and kind == "mtp"):
             raise ValueError(f"no golden draft for draft kind {kind!r}")
+        if topk > 1:
+            d = drafts(k, list(starts), topk)     # [verifies][k][topk]
+            out = []
+            for L, row in zip(starts, d):
+                a = 1
+                while a <= k and self.G[L + a] in row[a - 1]:
+                    a += 1
+                    if row[a - 2][0] != self.G[L + a - 1]:
+                        break
+                out.append(a)
+            return out
         d = drafts(k, list(starts))          # [verifies][k]
         out = []
         for L, row in zip(starts, d):
@@ -114,7 +126,9 @@ class ModelRequest:
             out.append(a)
         return out
 
-    def _drafts_standalone(self, k: int, starts: List[int]) -> List[List[int]]:
+    def _drafts_standalone(self, k: int, starts: List[int], topk: int = 1) -> List[List[int]]:
+        if topk > 1:
+            return self._tree_standalone(k, starts, topk)
         m = self.m
         want = sorted({L + j for L in starts for j in range(1, k + 1)} - set(self.D))
         if want:
@@ -130,7 +144,23 @@ class ModelRequest:
             self.D.update(zip(want, got))
         return [[self.D[L + j] for j in range(1, k + 1)] for L in starts]
 
-    def _drafts_eagle(self, k: int, starts: List[int]) -> List[List[int]]:
+    def _tree_standalone(self, k: int, starts: List[int], topk: int) -> list:
+        m = self.m
+        want = sorted({L + j for L in starts for j in range(1, k + 1)})
+        if self.dkv is None:
+            self.dkv = self._buf(getattr(m, "draft_kv_width", m.kv_width),
+                                 getattr(m, "kv_dtype", torch.int64))
+        top = max(want)
+        self._write(self.dkv, m.write_draft_kv, top, self.dkv_len, self.G)
+        self.dkv_len = max(self.dkv_len, top)
+        seeds, seeded = self._q(len(want))
+        c = _ints(want)
+        got = m.draft(self.dkv, self.table, torch.zeros_like(c), c, seeds, seeded,
+                      topk=topk).tolist()
+        D = dict(zip(want, got))
+        return [[D[L + j] for j in range(1, k + 1)] for L in starts]
+
+    def _drafts_eagle(self, k: int, starts: List[int], topk: int = 1) -> List[List[int]]:
         m, head = self.m, self.m.head("eagle")
         top = max(starts)
         self._target_kv(top)
@@ -152,13 +182,14 @@ class ModelRequest:
             table[i, L:L + k] = torch.arange(base, base + min(k, self.W - L), device=self.dev)
         rows, L_ = torch.arange(v, device=self.dev), self._ints(starts)
         seeds, seeded = self._q(v)
-        g, d = head.out(ekv, table, rows, L_ - 1, seeds, seeded)
+        kw = {"topk": topk} if topk > 1 else {}
+        g, d = head.out(ekv, table, rows, L_ - 1, seeds, seeded, **kw)
         out = [d.tolist()]
         for j in range(2, k + 1):
             pos = L_ + (j - 2)
             head.write(ekv, table, rows, pos, self._ints(self.G[L + j - 1] for L in starts), g,
                        torch.full_like(rows, self.rid))
-            g, d = head.out(ekv, table, rows, pos, seeds, seeded)
+            g, d = head.out(ekv, table, rows, pos, seeds, seeded, **kw)
             out.append(d.tolist())
         return [list(r) for r in zip(*out)]
 

@@ -32,6 +32,7 @@ M = 2147483647          # 2**31 - 1: every intermediate stays far below 2**63
 KV_WIDTH = 3            # token, position, request id
 TOK, POS, RID = 0, 1, 2
 SEEDED_PERCENT = 30
+RANK_SALT = 31          # tree drafts: rank r's agreement hash is salted with 31 * r
 
 
 def mix(x: torch.Tensor, *ys) -> torch.Tensor:
@@ -40,6 +41,24 @@ def mix(x: torch.Tensor, *ys) -> torch.Tensor:
         x = (x * 48271 + (y % M) * 69621 + 12345) % M
         x = x ^ (x >> 11)
     return x
+
+
+def ranked(like, o, agrees, vocab: int, where=torch.where) -> list:
+    """Tree drafts' candidates, best first (``topk = len(agrees)``): rank r is ``like``
+    (the target's token) where ``agrees[r]`` holds and no better rank took it; every
+    other rank is a distinct other token, ``like`` shifted by the offsets ``o, o+1, ...``
+    (in 1..vocab-1). Rank 0 is the chain draft's token. Torch tensors, or numpy arrays
+    with ``where=np.where`` (``oracle_host.py``); ``golden_oracle.ranked`` on ints."""
+    taken = agrees[0]
+    out = [where(taken, like, (like + o) % vocab)]
+    used = 1 - taken * 1
+    for a in agrees[1:]:
+        pick = a & ~taken
+        off = 1 + (o - 1 + used) % (vocab - 1)
+        out.append(where(pick, like, (like + off) % vocab))
+        used = used + 1 - pick * 1
+        taken = taken | pick
+    return out
 
 
 def term(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -124,12 +143,19 @@ class OracleModel:
         """Target tokens at context lengths ``ctx_lens`` (the token at position ctx_len)."""
         return self.sample(self.context_hash(kv, table, rows, ctx_lens), seeds, ctx_lens, seeded)
 
-    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded) -> torch.Tensor:
+    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded, topk: int = 1) -> torch.Tensor:
         """Draft tokens: the target's rule over the draft KV, kept with probability
-        ``agreement``% (a hash of the context decides), else a different token."""
+        ``agreement``% (a hash of the context decides), else a different token. With
+        ``topk`` > 1 the ``topk`` best candidates ([q, topk], ``ranked``; rank r keeps
+        the target's token by a hash salted with r)."""
         h = self.context_hash(draft_kv, table, rows, ctx_lens)
         like = self.sample(h, seeds, ctx_lens, seeded)
         agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
+        if topk > 1:
+            agrees = [agree] + [mix(h, seeds, ctx_lens, self.salt + 7 + RANK_SALT * r) % 100
+                                < self.agreement for r in range(1, topk)]
+            return torch.stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees,
+                                      self.vocab), 1)
         other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
         return torch.where(agree, like, other)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .kv_store import kept_sources, store
-from .oracle import KV_WIDTH, POS, RID, TOK, M, OracleModel, mix, term
+from .oracle import KV_WIDTH, POS, RID, TOK, M, RANK_SALT, OracleModel, mix, ranked, term
 
 FEAT = KV_WIDTH   # the EAGLE KV's feature column
 
@@ -40,15 +40,16 @@ class OracleEagleHead:
         new = torch.stack([toks, pos, rids, feats[:, 0]], 1)
         store(ekv, slots, new, None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
-    def out(self, ekv, table, rows, pos, seeds, seeded):
+    def out(self, ekv, table, rows, pos, seeds, seeded, topk: int = 1):
         """Head output at draft position ``pos``: the next hidden state (``f_{pos+1}``)
-        and the draft token for position ``pos + 2``."""
+        and the draft token for position ``pos + 2`` (``topk`` > 1: its ``topk`` best
+        candidates, [q, topk])."""
         m = self.model
         row = ekv[table[rows, pos]]
         g = (row[:, FEAT] + term(row[:, TOK], pos + 1)) % M
         like = m.sample(mix(g, pos + 2), seeds, pos + 2, seeded)
         seen = _hash_columns(ekv, table, rows, pos + 1, (TOK, FEAT))
-        return g.unsqueeze(1), _agree(m, like, mix(seen, g, seeds, pos + 2))
+        return g.unsqueeze(1), _agree(m, like, mix(seen, g, seeds, pos + 2), topk)
 
 
 class OracleMTPHead:
@@ -78,7 +79,10 @@ def _hash_columns(kv, table, rows, ctx, cols) -> torch.Tensor:
     return h % M
 
 
-def _agree(m: OracleModel, like, u) -> torch.Tensor:
+def _agree(m: OracleModel, like, u, topk: int = 1) -> torch.Tensor:
+    if topk > 1:
+        agrees = [mix(u, m.salt + 11 + RANK_SALT * r) % 100 < m.agreement for r in range(topk)]
+        return torch.stack(ranked(like, 1 + mix(u, 3) % (m.vocab - 1), agrees, m.vocab), 1)
     other = (like + 1 + mix(u, 3) % (m.vocab - 1)) % m.vocab
     return torch.where(mix(u, m.salt + 11) % 100 < m.agreement, like, other)
 

@@ -175,10 +175,20 @@ class TinyModel:
     def target(self, kv, table, rows, ctx_lens, seeds_, seeded) -> torch.Tensor:
         return self.sample(self.target_logits(kv, table, rows, ctx_lens), seeds_, ctx_lens, seeded)
 
-    def draft(self, draft_kv, table, rows, ctx_lens, seeds_, seeded) -> torch.Tensor:
+    def draft(self, draft_kv, table, rows, ctx_lens, seeds_, seeded, topk: int = 1) -> torch.Tensor:
         W = self.weights(draft_kv.device, "draft")
         h = self.draft_stack.column(W, draft_kv, table, rows, ctx_lens)
-        return self.sample(self.logits(W, h), seeds_, ctx_lens, seeded)
+        logits = self.logits(W, h)
+        tok = self.sample(logits, seeds_, ctx_lens, seeded)
+        return self.ranked(logits, tok, topk) if topk > 1 else tok
+
+    @staticmethod
+    def ranked(logits, first, topk: int) -> torch.Tensor:
+        """Tree drafts' ``topk`` candidates ([q, topk]): the sampled token ``first``, then
+        the highest logits of the others (a stable sort: ties by token id)."""
+        rest = logits.scatter(-1, first.unsqueeze(-1), float("-inf"))
+        order = torch.argsort(rest, dim=-1, descending=True, stable=True)[:, :topk - 1]
+        return torch.cat([first.unsqueeze(1), order], 1)
 
     def head(self, kind: str):
         """The ``eagle`` or ``mtp`` draft head of this target (built once)."""

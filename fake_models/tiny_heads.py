@@ -38,12 +38,14 @@ class _Head:
     def fuse(self, W, P, toks, feats):
         return W["embed"][toks] + self.gamma * T.linear(feats, P["wf"])
 
-    def finish(self, W, P, x, a, seeds, positions, seeded):
-        """Residual + MLP over attention output ``a``; (hidden, sampled token)."""
+    def finish(self, W, P, x, a, seeds, positions, seeded, topk: int = 1):
+        """Residual + MLP over attention output ``a``; (hidden, sampled token; with
+        ``topk`` > 1 the tree drafts' ``topk`` candidates, ``TinyModel.ranked``)."""
         g = x + self.beta * T.linear(a, P["wo"])
         g = g + self.beta * T.linear(torch.relu(T.linear(T.rms_norm(g), P["w1"])), P["w2"])
-        tok = self.model.sample(self.model.logits(W, g), seeds, positions, seeded)
-        return g, tok
+        logits = self.model.logits(W, g)
+        tok = self.model.sample(logits, seeds, positions, seeded)
+        return g, (self.model.ranked(logits, tok, topk) if topk > 1 else tok)
 
 
 class TinyEagleHead(_Head):
@@ -65,8 +67,9 @@ class TinyEagleHead(_Head):
         store(ekv[:, :META + 3 * d], slots, new,
               None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
-    def out(self, ekv, table, rows, pos, seeds, seeded):
-        """Head output at draft position ``pos``: hidden, and the token for ``pos + 2``."""
+    def out(self, ekv, table, rows, pos, seeds, seeded, topk: int = 1):
+        """Head output at draft position ``pos``: hidden, and the token for ``pos + 2``
+        (``topk`` > 1: its candidates)."""
         W, P = self.weights(ekv.device)
         d = self.d
         x = ekv[table[rows, pos], META:META + d]
@@ -74,7 +77,7 @@ class TinyEagleHead(_Head):
         q = T.rope(T.linear(T.rms_norm(x), P["wq"]), pos, W["cos"], W["sin"])
         a = T.attend(q, ekv[slots, META + d:META + 2 * d], ekv[slots, META + 2 * d:META + 3 * d],
                      mask)
-        return self.finish(W, P, x, a, seeds, pos + 2, seeded)
+        return self.finish(W, P, x, a, seeds, pos + 2, seeded, topk)
 
 
 class TinyMTPHead(_Head):

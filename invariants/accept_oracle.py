@@ -50,6 +50,7 @@ class AcceptOracle(Checker):
         cfg = engine_config
         self.k = cfg.spec_steps if cfg is not None and cfg.spec else 0
         self.kind = getattr(cfg, "draft_kind", "")
+        self.topk = getattr(cfg, "topk", 1) if self.k else 1    # tree drafts (§4.12)
         predicted = not self.k or self.kind in getattr(model_golden, "kinds", ())
         self.golden = model_golden if cfg is not None and predicted else None
         self.ref = reference.requests if reference is not None else None
@@ -127,10 +128,13 @@ class AcceptOracle(Checker):
             # judged: verifies whose context and kept tokens are all golden
             verifies = [v for v in verifies if v[1] + v[3] - P < good]
             want = self.golden.accept_lens(prompt, spec.seed, seeded, self.kind, self.k,
-                                           [v[1] for v in verifies], hint)
+                                           [v[1] for v in verifies], hint,
+                                           **({"topk": self.topk} if self.topk > 1 else {}))
         for (index, L, got, _, batch, step), exp in zip(verifies, want):
             if got != exp:
                 kind = f"{self.k} {self.kind} drafts" if self.k else "no spec"
+                if self.topk > 1:
+                    kind += f", a tree of top-{self.topk}"
                 return [Violation(
                     self.name, step, f"request {rid}: verify #{index} accepted {got}, not what "
                     f"the golden draft and target give", f"accept length {exp} ({kind} at "

@@ -106,6 +106,32 @@ class Memory:
             pages = [p for p in pages if self.kv.owned[p].purpose == PREFILL_PURPOSE]
         return pages
 
+    def trim(self, req: Request, keep: int, it: int, bid: int) -> None:
+        """Tree drafts (docs/design.md §4.12), after a verify's result: release ``req``'s
+        pages wholly past its first ``keep`` positions (they held the rejected branches'
+        KV; pending-free while a batch it rides may still write there). The next decode
+        grows the reserve back."""
+        first = self.kv.pages_for(keep)
+        pages = req.pages[first:]
+        if not pages:
+            return
+        req.pages = req.pages[:first]
+        if self.faults.on("tree-branch-kv-leak"):
+            # fault: the freed range is the chain's (k+1 positions past ``keep``, as a
+            # topk-1 verify would have written); the rest of the tree's pages are dropped
+            # from the request without being freed
+            pages = pages[:max(0, self.kv.pages_for(keep + self.cfg.spec_steps + 1) - first)]
+        until = max(req.inflight) if req.inflight else None
+        slots = self._slots(pages)
+        if pages:
+            if self.kv.release(pages, req.rid, until):
+                self.dev.transfer_slots(slots, None)
+            self.emit(E.Freed(it, bid, req.rid, slots, "tree", until is not None, until))
+        if self.host is not None and len(req.host_pages) > first:
+            hpages, req.host_pages = req.host_pages[first:], req.host_pages[:first]
+            if self.host.release(hpages, req.rid, until):
+                self.dev.transfer_host_slots(self._slots(hpages), None)
+
     def on_processed(self, bid: int, it: int) -> None:
         if self.host is not None:
             hpages = self.host.on_processed(bid)

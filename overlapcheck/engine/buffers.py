@@ -39,10 +39,15 @@ class DeviceState:
         self.fm_by_row = cfg.future_map == "row"
         self.fm_tok = rt.empty((self.fm_slots,), i64, "future_token", self.fwd)
         self.fm_len = rt.empty((self.fm_slots,), i64, "future_len", self.fwd)
-        # forward scratch: inputs + drafts, committed lengths, target tokens
-        self.drafts = rt.empty((bs, w), i64, "drafts", self.fwd)
+        # forward scratch: inputs + drafts (a tree's nodes, docs/design.md §4.12),
+        # committed lengths, target tokens
+        n = cfg.num_draft_tokens if cfg.tree else w
+        self.drafts = rt.empty((bs, n), i64, "drafts", self.fwd)
         self.lens = rt.empty((bs,), i64, "lens", self.fwd)
-        self.tgt = rt.empty((bs, w), i64, "target_tokens", self.fwd)
+        self.tgt = rt.empty((bs, n), i64, "target_tokens", self.fwd)
+        if cfg.tree:   # the accepted path's nodes and their tokens (its inputs)
+            self.tree_path = rt.empty((bs, w), i64, "tree_path", self.fwd)
+            self.chain = rt.empty((bs, w), i64, "accepted_inputs", self.fwd)
         # double-buffered pinned staging (host -> device) and results (device -> host)
         self.meta_pin = [rt.host_empty((bs, meta_width(cfg)), i64, f"meta_pinned{p}")
                          for p in (0, 1)]

@@ -12,6 +12,8 @@ from .drafts import check_kind
 
 RESERVE_RULES = ("double", "exact")
 FUTURE_MAPS = ("row", "ring")   # engine/future_map.py
+TREE_KINDS = ("standalone", "eagle")   # draft kinds with tree drafts (topk > 1)
+MAX_TOPK = 8
 MODELS = ("oracle", "oracle-hostlens", "tiny")   # oracle-hostlens: its draft reads seq_lens_cpu
 
 
@@ -61,6 +63,12 @@ class EngineConfig:
       counter hands out over a ring, as SGLang's overlap scheduler does (every batch
       entry, chunks and padding included, takes a slot; the next batch reads where the
       last one wrote).
+    * ``topk``: tree drafts (docs/design.md §4.12). 1 (the default): a chain of
+      ``spec_steps`` drafts. Above 1: at each depth the draft keeps its ``topk`` best
+      candidates and the best one continues, a tree of ``num_draft_tokens`` nodes
+      verified under a tree mask; the accepted path's KV is moved to contiguous
+      positions and the pages past the chain's reach are released after the verify.
+      Standalone and EAGLE kinds, without zero bubble.
     """
 
     page_size: int = 1
@@ -81,6 +89,7 @@ class EngineConfig:
     zero_bubble: bool = False  # draft the next round after the draft-extend (seed 000)
     backup_canary: bool = True  # with kv_backup: read the host pool back and compare it
     future_map: str = "row"     # FutureMap indexed by request-pool row or ring slot
+    topk: int = 1               # draft candidates kept per depth (> 1: tree drafts, §4.12)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -88,7 +97,7 @@ class EngineConfig:
                 raise ValueError(msg)
 
         for name in ("page_size", "pool_tokens", "row_width", "max_running", "chunk_size",
-                     "spec_steps", "tp"):
+                     "spec_steps", "tp", "topk"):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
@@ -110,10 +119,18 @@ class EngineConfig:
         check_kind(self.draft_kind)
         need(self.future_map in FUTURE_MAPS,
              f"future_map must be one of {', '.join(FUTURE_MAPS)}, got {self.future_map!r}")
+        need(self.topk <= MAX_TOPK, f"topk must be at most {MAX_TOPK}, got {self.topk}")
+        need(self.topk == 1 or self.draft_kind in TREE_KINDS,
+             f"topk > 1 (tree drafts) needs draft_kind {' or '.join(TREE_KINDS)}, "
+             f"got {self.draft_kind!r}")
+        need(self.topk == 1 or not self.zero_bubble,
+             "topk > 1 (tree drafts) does not run with zero_bubble")
         need(isinstance(self.model, str) and (self.model in MODELS + ("trained",) or (
             self.model.startswith(("hf:", "random:")) and self.model.split(":", 1)[1] != "")),
              f"model must be one of {', '.join(MODELS)}, trained, hf:DIR or random:NAME, "
              f"got {self.model!r}")
+        need(self.topk == 1 or self.model in MODELS,
+             f"topk > 1 (tree drafts) needs model {', '.join(MODELS)}, got {self.model!r}")
         need(isinstance(self.faults, (tuple, list)), f"faults must be a list of names, got {self.faults!r}")
         object.__setattr__(self, "faults", tuple(self.faults))
         check_names(self.faults)
@@ -124,11 +141,23 @@ class EngineConfig:
         return self.spec_steps + 1 if self.spec else 1
 
     @property
+    def tree(self) -> bool:
+        """Tree drafts run: spec with ``topk`` > 1."""
+        return self.spec and self.topk > 1
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Nodes of a verify's token tree, its input (the root) included: 1 + k * topk
+        (k + 1, the chain, for topk 1); the KV positions a verify writes."""
+        return 1 + self.spec_steps * self.topk
+
+    @property
     def margin(self) -> int:
-        """Row positions kept free beyond a request's context for the draft reserve.
-        Computed from ``spec_steps`` even with spec off, so that spec and no-spec runs
+        """Row positions kept free beyond a request's context for the draft reserve:
+        one round of lag (k+1) and the positions a verify writes. Computed from
+        ``spec_steps`` and ``topk`` even with spec off, so that spec and no-spec runs
         of one workload stop at the same context length."""
-        return 2 * (self.spec_steps + 1)
+        return self.spec_steps + 1 + self.num_draft_tokens
 
     @property
     def max_context(self) -> int:

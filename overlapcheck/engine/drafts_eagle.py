@@ -29,13 +29,14 @@ import torch
 
 from ..faults import FaultSet
 from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED,
-                      START, gate_mask, round_tokens, stores)
+                      START, gate_mask, round_tokens, stores, tree_cut, tree_node)
 
 
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
-                  dst=ROW):
+                  dst=ROW, topk=1):
     """Pairs of the staged prompt tokens; on a last chunk, the final pair and the stash
-    (at the FutureMap slot in meta column ``dst``)."""
+    (at the FutureMap slot in meta column ``dst``; ``topk`` > 1: the first depth's
+    candidates of a tree, docs/design.md §4.12)."""
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
     pos = (q - 1).clamp(min=0)
@@ -46,9 +47,9 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     tok = torch.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
     feats = model.target_hidden(kv, table, mrows, ctx)
     head.write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
-    g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
+    g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1, **_k(topk))
     slots, keep = m[:, dst], stores(last, dst)
-    fm_draft[slots] = torch.where(keep, d1, fm_draft[slots])
+    fm_draft[slots] = torch.where(keep if topk == 1 else keep.unsqueeze(1), d1, fm_draft[slots])
     fm_hid[slots] = torch.where(keep.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[slots])
 
 
@@ -75,7 +76,7 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 
 
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                 width, b, by_position=False, dst=ROW):
+                 width, b, by_position=False, dst=ROW, topk=1):
     """Pairs of the accepted positions from the verify's tokens and the target's hidden
     states; the head at the last one gives the next step's draft input, stashed at the
     request's FutureMap slot (meta column ``dst``; at its batch position under the fault
@@ -90,10 +91,37 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
     head.write(ekv, table, rows, pos.reshape(-1), out_tok[:b, :width].reshape(-1), feats, rid,
                keep=keep)
     last = lens[:b] + out_acc[:b] - 1
-    g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
+    g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1, **_k(topk))
     dest = torch.arange(b, device=kv.device) if by_position else m[:, dst]
     fm_draft[dest] = d1
     fm_hid[dest] = g.to(fm_hid.dtype)
+
+
+def _k(topk: int) -> dict:
+    """The head's ``topk`` argument: none for a chain (its calls stay as they were)."""
+    return {"topk": topk} if topk > 1 else {}
+
+
+def tree_eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, topk, b, hcol=None,
+                       src=ROW):
+    """Tree drafts' step 1: the first depth's candidates and the hidden state, from the
+    FutureMap slot in meta column ``src``."""
+    m = meta[:b]
+    slots = m[:, src]
+    drafts[:b, 1:1 + topk] = tree_cut(model, m, lens[:b], fm_draft[slots], hcol)
+    hid[:b] = fm_hid[slots]
+
+
+def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b, hcol=None):
+    """Tree drafts' step ``j`` (2..k): the pair (rank-0 node at depth j-1, chained hidden)
+    at ``lens + j - 2``, then the head's ``topk`` candidates at depth j."""
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 2)
+    head.write(ekv, table, rows, pos, drafts[:b, tree_node(j - 1, 0, topk)], hid[:b], m[:, RID])
+    g, c = head.out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1, topk=topk)
+    drafts[:b, tree_node(j, 0, topk):tree_node(j + 1, 0, topk)] = tree_cut(model, m, lens[:b], c,
+                                                                          hcol)
+    hid[:b] = g.to(hid.dtype)
 
 
 class EagleDraft:
@@ -113,7 +141,9 @@ class EagleDraft:
                             "eagle_kv", dev.fwd)
         dev.kv_buffers.append(self.ekv)
         # FutureMap rows of the next step's draft input
-        self.fm_draft = rt.empty((dev.fm_slots,), torch.int64, "future_draft_token", dev.fwd)
+        self.topk = cfg.topk if cfg.tree else 1     # tree drafts: a depth's candidates
+        shape = (dev.fm_slots,) if self.topk == 1 else (dev.fm_slots, self.topk)
+        self.fm_draft = rt.empty(shape, torch.int64, "future_draft_token", dev.fwd)
         self.fm_hid = rt.empty((dev.fm_slots, hw), hd, "future_hidden", dev.fwd)
         dev.future_buffer(self.fm_draft, self.fm_hid)
         self.hid = rt.empty((rows, hw), hd, "draft_hidden", dev.fwd)
@@ -126,7 +156,7 @@ class EagleDraft:
         ptok, slots = st.staged[2], st.batch.slots_read
         rt.launch(dev.fwd, eagle_prefill, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, ptok.t, meta.t, st.out_tok.t, self.fm_draft.t, self.fm_hid.t,
-                  st.n_tok, b, st.dst, name="eagle_prefill",
+                  st.n_tok, b, st.dst, self.topk, name="eagle_prefill",
                   reads=[dev.target_kv.rows(slots), self.ekv.rows(slots), dev.table.rows(st.rows),
                          ptok, meta, st.out_tok] + self._fm(st.fdst),
                   writes=[self.ekv.rows(slots)] + self._fm(st.fdst))
@@ -135,6 +165,8 @@ class EagleDraft:
     def launch_drafts(self, st, meta, table_r, b: int, rnd) -> List[str]:
         dev, rt, pre = self.dev, self.dev.rt, rnd.prefix
         ekv_s = self.ekv.rows(st.batch.slots_read)
+        if self.topk > 1:
+            return self._tree_drafts(st, meta, table_r, b, rnd, ekv_s)
         rt.launch(dev.fwd, eagle_resolve, self.model, self.fm_draft.t, self.fm_hid.t, meta.t,
                   rnd.drafts.t, rnd.lens.t, self.hid.t, b, rnd.gate, rnd.hcol, rnd.fcol,
                   name=f"{pre}draft1", reads=self._fm(rnd.fslots) + [meta, rnd.drafts, rnd.lens],
@@ -143,6 +175,24 @@ class EagleDraft:
         for j in range(2, dev.cfg.spec_steps + 1):
             rt.launch(dev.fwd, eagle_step, self.model, self.head, self.ekv.t, dev.table.t,
                       meta.t, rnd.drafts.t, rnd.lens.t, self.hid.t, j, b, rnd.gate, rnd.hcol,
+                      name=f"{pre}draft{j}",
+                      reads=[ekv_s, table_r, meta, rnd.drafts, rnd.lens, self.hid],
+                      writes=[ekv_s, rnd.drafts, self.hid])
+            names.append(f"{pre}draft{j}")
+        return names
+
+    def _tree_drafts(self, st, meta, table_r, b, rnd, ekv_s) -> List[str]:
+        """Tree drafts (docs/design.md §4.12): the first depth resolved from the
+        FutureMap, then k-1 head steps along the rank-0 path."""
+        dev, rt, pre, topk = self.dev, self.dev.rt, rnd.prefix, self.topk
+        rt.launch(dev.fwd, tree_eagle_resolve, self.model, self.fm_draft.t, self.fm_hid.t,
+                  meta.t, rnd.drafts.t, rnd.lens.t, self.hid.t, topk, b, rnd.hcol, rnd.fcol,
+                  name=f"{pre}draft1", reads=self._fm(rnd.fslots) + [meta, rnd.drafts, rnd.lens],
+                  writes=[rnd.drafts, self.hid])
+        names = [f"{pre}draft1"]
+        for j in range(2, dev.cfg.spec_steps + 1):
+            rt.launch(dev.fwd, tree_eagle_step, self.model, self.head, self.ekv.t, dev.table.t,
+                      meta.t, rnd.drafts.t, rnd.lens.t, self.hid.t, j, topk, b, rnd.hcol,
                       name=f"{pre}draft{j}",
                       reads=[ekv_s, table_r, meta, rnd.drafts, rnd.lens, self.hid],
                       writes=[ekv_s, rnd.drafts, self.hid])
@@ -159,7 +209,8 @@ class EagleDraft:
         dest = range(b) if by_pos else st.fdst
         rt.launch(dev.fwd, eagle_extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, meta.t, dev.lens.t, st.out_tok.t, st.out_acc.t, self.fm_draft.t,
-                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, st.dst, name="draft_extend",
+                  self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, st.dst, self.topk,
+                  name="draft_extend",
                   reads=[dev.target_kv.rows(slots), ekv_s, table_r, meta, dev.lens, st.out_tok,
                          st.out_acc],
                   writes=[ekv_s] + self._fm(dest))

@@ -33,6 +33,8 @@ class StandaloneDraft:
         dev, rt = self.dev, self.dev.rt
         kv_s = self.kv.rows(st.batch.slots_read)
         names = []
+        if dev.cfg.tree:
+            return self._tree_drafts(st, meta, table_r, b, rnd, kv_s)
         for j in range(1, dev.cfg.spec_steps + 1):
             rt.launch(dev.fwd, K.draft_step, self.model, self.kv.t, dev.table.t, meta.t,
                       rnd.drafts.t, rnd.lens.t, j, b, rnd.gate, rnd.hcol,
@@ -42,13 +44,29 @@ class StandaloneDraft:
             names.append(f"{rnd.prefix}draft{j}")
         return names
 
+    def _tree_drafts(self, st, meta, table_r, b, rnd, kv_s) -> List[str]:
+        """Tree drafts (docs/design.md §4.12): k steps along the rank-0 path, each
+        drafting ``topk`` candidates of the next depth."""
+        dev, rt, cfg = self.dev, self.dev.rt, self.dev.cfg
+        names = []
+        for j in range(1, cfg.spec_steps + 1):
+            rt.launch(dev.fwd, K.tree_draft_step, self.model, self.kv.t, dev.table.t, meta.t,
+                      rnd.drafts.t, rnd.lens.t, j, cfg.topk, b, rnd.hcol,
+                      name=f"{rnd.prefix}draft{j}",
+                      reads=[kv_s, table_r, meta, rnd.drafts, rnd.lens],
+                      writes=[kv_s, rnd.drafts])
+            names.append(f"{rnd.prefix}draft{j}")
+        return names
+
     def launch_extend(self, st, meta, table_r, b: int) -> List[str]:
-        """Draft-extend: the draft KV of the accepted inputs, up to the new committed length."""
+        """Draft-extend: the draft KV of the accepted inputs, up to the new committed
+        length (with tree drafts, the accepted path's tokens: ``dev.chain``)."""
         dev, rt = self.dev, self.dev.rt
         kv_s = self.kv.rows(st.batch.slots_read)
+        inputs = dev.chain if dev.cfg.tree else dev.drafts
         rt.launch(dev.fwd, K.draft_extend, self.model, self.kv.t, dev.table.t, meta.t,
-                  dev.drafts.t, dev.lens.t, st.out_acc.t, dev.cfg.spec_steps + 1, b,
+                  inputs.t, dev.lens.t, st.out_acc.t, dev.cfg.spec_steps + 1, b,
                   name="draft_extend",
-                  reads=[kv_s, table_r, meta, dev.drafts, dev.lens, st.out_acc],
+                  reads=[kv_s, table_r, meta, inputs, dev.lens, st.out_acc],
                   writes=[kv_s])
         return ["draft_extend"]

@@ -212,3 +212,120 @@ def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     model.write_kv(kv, table, rows, pos, drafts[:b, 0], m[:, RID])
     out_tok[:b, 0] = model.target(kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
     out_acc[:b] = 1
+
+
+# -- tree drafts (topk > 1, docs/design.md §4.12) ---------------------------------------------
+def tree_node(depth: int, rank: int, topk: int) -> int:
+    """The index of the rank-``rank`` candidate at ``depth`` (1..k) in a tree's node
+    order; node 0 is the root (the verify's input)."""
+    return 1 + (depth - 1) * topk + rank
+
+
+def tree_shape(k: int, topk: int, device):
+    """The draft tree as a parent array: node ``tree_node(d, r)`` is the rank-r candidate
+    at depth d, a child of the rank-0 node at depth d-1 (the root for d = 1); the root's
+    parent is -1. Returns (parent, depth), [1 + k * topk] each."""
+    i = torch.arange(1 + k * topk, device=device)
+    depth = torch.where(i == 0, 0, (i - 1) // topk + 1)
+    parent = torch.where(depth <= 1, 0, 1 + (depth - 2) * topk)
+    return torch.where(i == 0, -1, parent), depth
+
+
+def tree_paths(parent, depth, k: int):
+    """[n, k+1]: per node, its ancestor at each depth 0..depth (itself at its own depth
+    and past it), found by walking the parent array up."""
+    n = parent.shape[0]
+    node = torch.arange(n, device=parent.device)
+    path = node.unsqueeze(1).repeat(1, k + 1)
+    cur = node
+    for _ in range(k + 1):
+        path[node, depth[cur]] = cur
+        cur = torch.where(parent[cur] >= 0, parent[cur], cur)
+    return path
+
+
+def tree_draft_step(model, draft_kv, table, meta, drafts, lens, j, topk, b, hcol=None):
+    """Tree draft step ``j`` (1..k), standalone: write the draft KV of the rank-0 node at
+    depth j-1 (the root for j = 1) at ``lens + j - 1``, then the ``topk`` candidates at
+    depth j."""
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 1)
+    prev = 0 if j == 1 else tree_node(j - 1, 0, topk)
+    model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, prev], m[:, RID])
+    c = model.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1, topk=topk)
+    drafts[:b, tree_node(j, 0, topk):tree_node(j + 1, 0, topk)] = tree_cut(model, m, lens[:b], c,
+                                                                          hcol)
+
+
+def tree_cut(model, m, lens, cands, hcol):
+    """``round_tokens`` for a depth's candidates ([b, topk]), ungated."""
+    if hcol is None:
+        return cands
+    return model.host_lens_cut(cands, lens.unsqueeze(1), m[:, hcol].unsqueeze(1))
+
+
+def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
+    """Target over the tree (``1 + k*topk`` nodes) under a tree mask: node i writes its KV
+    at row position ``lens + i`` as the token at position ``lens + depth(i)``, and its
+    query sees the committed prefix and its ancestors. The mask is a per-node view of the
+    request's row: positions ``0..lens-1`` as they are, position ``lens + e`` read from the
+    cell of the node's ancestor at depth e."""
+    m = meta[:b]
+    parent, depth = tree_shape(k, topk, kv.device)
+    path = tree_paths(parent, depth, k)                          # [n, k+1]
+    n, w = parent.shape[0], table.shape[1]
+    L = lens[:b].view(b, 1, 1)
+    rel = torch.arange(w, device=kv.device).view(1, 1, w) - L    # [b, 1, w]
+    inpath = (rel >= 0) & (rel <= depth.view(1, n, 1))           # [b, n, w]
+    anc = path.unsqueeze(0).expand(b, n, k + 1).gather(2, rel.clamp(0, k).expand(b, n, w))
+    cols = torch.where(inpath, L + anc, rel + L)
+    view = table[m[:, ROW]].unsqueeze(1).expand(b, n, w).gather(2, cols).reshape(b * n, w)
+    q = torch.arange(b * n, device=kv.device)
+    pos = (lens[:b].unsqueeze(1) + depth.unsqueeze(0)).reshape(-1)
+    rid = m[:, RID].unsqueeze(1).expand(b, n).reshape(-1)
+    model.write_kv(kv, view, q, pos, drafts[:b, :n].reshape(-1), rid)
+    seeds = m[:, SEED].unsqueeze(1).expand(b, n).reshape(-1)
+    seeded = (m[:, SEEDED] == 1).unsqueeze(1).expand(b, n).reshape(-1)
+    tgt[:b, :n] = model.target(kv, view, q, pos + 1, seeds, seeded).reshape(b, n)
+
+
+def tree_accept(drafts, tgt, out_tok, out_acc, path, chain, k, topk, b):
+    """Greedy tree acceptance: from the root, step to the first child whose token equals
+    the target's token at the current node, while one does; ``out_acc`` = nodes accepted
+    past the root + 1 (the bonus). ``path[:, d]``: the accepted node at depth d (the last
+    one past the accept length); ``out_tok[:, d]``: the target's token after it;
+    ``chain[:, d]``: its token (the inputs the draft-extend writes)."""
+    parent, _ = tree_shape(k, topk, drafts.device)
+    n = parent.shape[0]
+    tok, t = drafts[:b, :n], tgt[:b, :n]
+    cur = torch.zeros(b, dtype=torch.int64, device=drafts.device)
+    acc = torch.ones_like(cur)
+    alive = torch.ones(b, dtype=torch.bool, device=drafts.device)
+    nodes = torch.zeros((b, k + 1), dtype=torch.int64, device=drafts.device)
+    for d in range(1, k + 1):
+        want = t.gather(1, cur.unsqueeze(1))
+        hit = (parent.unsqueeze(0) == cur.unsqueeze(1)) & (tok == want) & alive.unsqueeze(1)
+        has = hit.any(1)
+        cur = torch.where(has, hit.long().argmax(1), cur)
+        nodes[:, d] = cur
+        acc = acc + has.long()
+        alive = alive & has
+    out_acc[:b] = acc
+    out_tok[:b, :k + 1] = t.gather(1, nodes)
+    path[:b, :k + 1] = nodes
+    chain[:b, :k + 1] = tok.gather(1, nodes)
+
+
+def tree_compact(kv, table, meta, lens, path, out_acc, k, b):
+    """Move the accepted path's KV to contiguous positions: the node at depth d (row
+    position ``lens + path[d]``) to ``lens + d``, for the accepted depths (SGLang's
+    move of the accepted tokens' KV with topk > 1). Every source is read before any
+    write."""
+    m = meta[:b]
+    rows = m[:, ROW].unsqueeze(1)
+    d = torch.arange(1, k + 1, device=kv.device).unsqueeze(0)
+    L = lens[:b].unsqueeze(1)
+    src = table[rows, L + path[:b, 1:k + 1]]
+    dst = table[rows, L + d]
+    keep = d < out_acc[:b].unsqueeze(1)
+    kv[dst.reshape(-1)] = kv[torch.where(keep, src, dst).reshape(-1)]

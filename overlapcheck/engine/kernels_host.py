@@ -306,7 +306,9 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
 # -- drafts_eagle.py -----------------------------------------------------------------------
 @host_twin(DE.eagle_prefill)
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
-                  dst=ROW):
+                  dst=ROW, topk=1):
+    if topk != 1:
+        raise NoHostTwin("tree drafts")
     hm = _model(model)
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
@@ -348,7 +350,9 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 
 @host_twin(DE.eagle_extend)
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                 width, b, by_position=False, dst=ROW):
+                 width, b, by_position=False, dst=ROW, topk=1):
+    if topk != 1:
+        raise NoHostTwin("tree drafts")
     hm = _model(model)
     m = meta[:b]
     offs = np.arange(width)

@@ -165,6 +165,10 @@ class Engine:
                     r.accept_lens.append(a)
                     r.committed += a
                     kept, ended = self._append(r, t[:a])
+                    if self.cfg.tree and ended is None:
+                        # the rejected branches' pages past the chain's reach (§4.12)
+                        self.mem.trim(r, self.sched.tree_reach(r, r.unprocessed_decodes),
+                                      it, bid)
                 elif self.faults.on("lagged-verify-counted") and r.state == FINISHED:
                     r.accept_lens.append(a)             # fault: a dropped verify counted
                 self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))

@@ -67,12 +67,29 @@ class Scheduler:
             # fault: 1 + draft_len past the host's own committed length; the device is a
             # verify round ahead of it under overlap
             return min(req.committed + step + self._ahead, self.cfg.row_width)
+        if self.cfg.tree:
+            # tree drafts: a round of lag (k+1 committed at most per unprocessed verify),
+            # then the tree's nodes (docs/design.md §4.12)
+            return min(self.tree_reach(req, self._lag(req)) + self.cfg.num_draft_tokens,
+                       self.cfg.row_width)
         if self.cfg.draft_reserve == "double":
             assert req.unprocessed_decodes <= 1, "double reserve assumes one batch of lag"
             need = req.committed + 2 * step
         else:
             need = req.committed + step * (1 + req.unprocessed_decodes)
         return min(need + self._ahead, self.cfg.row_width)
+
+    def _lag(self, req: Request) -> int:
+        """Unprocessed decodes the reserve covers: one (double) or those in flight."""
+        if self.cfg.draft_reserve == "double":
+            assert req.unprocessed_decodes <= 1, "double reserve assumes one batch of lag"
+            return 1
+        return req.unprocessed_decodes
+
+    def tree_reach(self, req: Request, lag: int) -> int:
+        """Tree drafts: the most positions ``req``'s committed KV reaches on the device
+        after ``lag`` unprocessed verifies (each commits k+1 at most)."""
+        return req.committed + (self.cfg.spec_steps + 1) * lag
 
     def _decodable(self) -> List[Request]:
         reqs = (self.requests[rid] for rid in self.admitted)
@@ -104,7 +121,9 @@ class Scheduler:
             if r.inflight or not self.mem.rows.can_allocate():
                 break
             toks = r.tokens if not r.output else r.tokens[:-1]
-            need = self.mem.kv.pages_for(len(toks) + 2 * self.cfg.step_tokens)
+            first = (self.cfg.spec_steps + 1 + self.cfg.num_draft_tokens if self.cfg.tree
+                     else 2 * self.cfg.step_tokens)
+            need = self.mem.kv.pages_for(len(toks) + first)
             if not self.mem.kv.can_allocate(need + held):
                 break
             self.waiting.pop(0)

@@ -241,19 +241,23 @@ class SpecWorker:
             dev.war.record(dev.fwd)
         else:
             ops += self.rounds.launch_start(st, meta, table_r, b)
-            rt.launch(dev.fwd, K.verify, self.model, dev.target_kv.t, dev.table.t, meta.t,
-                      dev.drafts.t, dev.lens.t, dev.tgt.t, k + 1, b, name="verify",
-                      reads=[kv_s, table_r, meta, dev.drafts, dev.lens],
-                      writes=[kv_s, dev.tgt])
-            rt.launch(dev.fwd, K.accept, dev.drafts.t, dev.tgt.t, st.out_tok.t, st.out_acc.t,
-                      k, b, name="accept", reads=[dev.drafts, dev.tgt],
-                      writes=[st.out_tok, st.out_acc])
+            verify_ops = ["verify", "accept"]       # op names, listed after the publish
+            if dev.cfg.tree:
+                verify_ops = self._tree_verify(st, meta, kv_s, table_r)
+            else:
+                rt.launch(dev.fwd, K.verify, self.model, dev.target_kv.t, dev.table.t, meta.t,
+                          dev.drafts.t, dev.lens.t, dev.tgt.t, k + 1, b, name="verify",
+                          reads=[kv_s, table_r, meta, dev.drafts, dev.lens],
+                          writes=[kv_s, dev.tgt])
+                rt.launch(dev.fwd, K.accept, dev.drafts.t, dev.tgt.t, st.out_tok.t,
+                          st.out_acc.t, k, b, name="accept", reads=[dev.drafts, dev.tgt],
+                          writes=[st.out_tok, st.out_acc])
             if self.host_sum:
                 ops += self._publish(st)
             early = self.faults.on("war-before-extend")
             if early:                                           # fault: before the last reads
                 dev.war.record(dev.fwd)
-            ops += ["verify", "accept"] + self.drafter.launch_extend(st, meta, table_r, b)
+            ops += verify_ops + self.drafter.launch_extend(st, meta, table_r, b)
             ops += self.rounds.launch_ahead(st, meta, table_r, b)   # zero bubble
             ops += self._canary(st, meta, False)
             if not early:
@@ -266,6 +270,24 @@ class SpecWorker:
         if self.backup:
             ops += self._backup(st, meta)
         return ops
+
+    def _tree_verify(self, st: "_Step", meta, kv_s, table_r) -> List[str]:
+        """Tree drafts (docs/design.md §4.12): verify the tree under its mask, accept the
+        longest matching path, move the path's KV to contiguous positions."""
+        dev, rt, b, k = self.dev, self.dev.rt, len(st.batch.entries), self.k
+        topk = dev.cfg.topk
+        rt.launch(dev.fwd, K.tree_verify, self.model, dev.target_kv.t, dev.table.t, meta.t,
+                  dev.drafts.t, dev.lens.t, dev.tgt.t, k, topk, b, name="verify",
+                  reads=[kv_s, table_r, meta, dev.drafts, dev.lens], writes=[kv_s, dev.tgt])
+        rt.launch(dev.fwd, K.tree_accept, dev.drafts.t, dev.tgt.t, st.out_tok.t, st.out_acc.t,
+                  dev.tree_path.t, dev.chain.t, k, topk, b, name="accept",
+                  reads=[dev.drafts, dev.tgt],
+                  writes=[st.out_tok, st.out_acc, dev.tree_path, dev.chain])
+        rt.launch(dev.fwd, K.tree_compact, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
+                  dev.tree_path.t, st.out_acc.t, k, b, name="tree_compact",
+                  reads=[kv_s, table_r, meta, dev.lens, dev.tree_path, st.out_acc],
+                  writes=[kv_s])
+        return ["verify", "accept", "tree_compact"]
 
     def _publish(self, st: "_Step") -> List[str]:
         """The verify's new lengths, copied to pinned memory for the host's next

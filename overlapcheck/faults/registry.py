@@ -203,6 +203,17 @@ _ENTRIES = (
           "liveness", "overlap, a pool too small for the running requests' decode reserves, "
           "re-admitted requests short of their first reserve (zero bubble reserves a round "
           "more than admission sets aside)"),
+    Fault("tree-branch-kv-leak", 23, "engine/accounting.py Memory.trim",
+          "with tree drafts (topk > 1) the release after a verify computes the freed range "
+          "as a chain verify would (the k+1 positions past the kept length) and drops the "
+          "rest of the tree's pages from the request without freeing them: the rejected "
+          "branches' pages stay owned by a request that no longer lists them, and are "
+          "never freed, at its finish included",
+          "SGLang EAGLE topk > 1: the rejected branches' KV slots after verify freed by the "
+          "chain path's range (the invariant checker that would see it is skipped when "
+          "topk > 1)",
+          "kv-accounting", "topk > 1, spec, a tree reserve reaching a page past the chain's "
+          "k+1 positions (page_size small against topk * k)"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}
