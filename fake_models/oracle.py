@@ -32,7 +32,6 @@ M = 2147483647          # 2**31 - 1: every intermediate stays far below 2**63
 KV_WIDTH = 3            # token, position, request id
 TOK, POS, RID = 0, 1, 2
 SEEDED_PERCENT = 30
-RANK_SALT = 31          # tree drafts: rank r's agreement hash is salted with 31 * r
 
 
 def mix(x: torch.Tensor, *ys) -> torch.Tensor:
@@ -41,24 +40,6 @@ def mix(x: torch.Tensor, *ys) -> torch.Tensor:
         x = (x * 48271 + (y % M) * 69621 + 12345) % M
         x = x ^ (x >> 11)
     return x
-
-
-def ranked(like, o, agrees, vocab: int, where=torch.where) -> list:
-    """Tree drafts' candidates, best first (``topk = len(agrees)``): rank r is ``like``
-    (the target's token) where ``agrees[r]`` holds and no better rank took it; every
-    other rank is a distinct other token, ``like`` shifted by the offsets ``o, o+1, ...``
-    (in 1..vocab-1). Rank 0 is the chain draft's token. Torch tensors, or numpy arrays
-    with ``where=np.where`` (``oracle_host.py``); ``golden_oracle.ranked`` on ints."""
-    taken = agrees[0]
-    out = [where(taken, like, (like + o) % vocab)]
-    used = 1 - taken * 1
-    for a in agrees[1:]:
-        pick = a & ~taken
-        off = 1 + (o - 1 + used) % (vocab - 1)
-        out.append(where(pick, like, (like + off) % vocab))
-        used = used + 1 - pick * 1
-        taken = taken | pick
-    return out
 
 
 def term(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -176,3 +157,26 @@ class OracleModel:
             from .oracle_host import OracleHost
             h = self._host = OracleHost(self)
         return h
+
+
+# -- tree drafts (docs/design.md §4.12; kept below the rest, whose line numbers recorded
+# repros name) -----------------------------------------------------------------------------
+RANK_SALT = 31          # rank r's agreement hash is salted with 31 * r
+
+
+def ranked(like, o, agrees, vocab: int) -> list:
+    """Tree drafts' candidates, best first (``topk = len(agrees)``): rank r is ``like``
+    (the target's token) where ``agrees[r]`` holds and no better rank took it; every
+    other rank is a distinct other token, ``like`` shifted by the offsets ``o, o+1, ...``
+    (in 1..vocab-1). Rank 0 is the chain draft's token. On tensors; the golden run's
+    ``OracleRequest.candidates`` computes the same on ints."""
+    taken = agrees[0]
+    out = [torch.where(taken, like, (like + o) % vocab)]
+    used = 1 - taken * 1
+    for a in agrees[1:]:
+        pick = a & ~taken
+        off = 1 + (o - 1 + used) % (vocab - 1)
+        out.append(torch.where(pick, like, (like + off) % vocab))
+        used = used + 1 - pick * 1
+        taken = taken | pick
+    return out
