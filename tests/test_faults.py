@@ -97,6 +97,7 @@ SILENT = {
     "ring-slot-alias": {"future_map": "ring", "max_running": 1, "chunk_size": 1},  # one request
     "reserve-host-view": {"overlap": False},
     "preempt-behind-fence": {"overlap": False},
+    "tree-branch-kv-leak": {"topk": 1},      # a chain verify releases nothing after it
 }
 
 

@@ -14,6 +14,7 @@ random, PCT or BUGGIFY strategy for breadth.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
 from ..device.sched import SEEDED as SEEDED_STRATEGIES
-from ..engine.config import RESERVE_RULES
+from ..engine.config import MODELS, RESERVE_RULES, TREE_KINDS
 from ..engine.drafts import DRAFT_KINDS
 from ..engine.types import GREEDY, SEEDED
 from ..run import Case, ScheduleSpec
@@ -91,7 +92,7 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
     # the seeds' variants, each in a quarter of the examples (half when wide)
     variant = st.sampled_from((False, True) if wide else (False, False, False, True))
     b = st.booleans()
-    return EngineConfig(
+    cfg = EngineConfig(
         page_size=page, pool_tokens=pool, row_width=row,
         max_running=draw(st.integers(1, 8 if wide else 6)),
         chunk_size=draw(st.integers(1, 48) if wide else st.integers(1, 2) if feat.long
@@ -106,6 +107,17 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         zero_bubble=draw(st.sampled_from((False, True, True, True)) if tight else variant),
         future_map="ring" if draw(b if wide else st.sampled_from((False, False, True)))
         else "row")
+    # tree drafts (docs/design.md §4.12), drawn last so that the draws above stay as they
+    # were: in two fifths of the examples whose draft kind, model and schedule have them;
+    # the row grows by the tree's margin, the pool by as much per row
+    if (cfg.draft_kind in TREE_KINDS and cfg.model in MODELS and not cfg.zero_bubble
+            and draw(st.sampled_from((False, False, False, True, True)))):
+        topk = draw(st.integers(2, 4 if wide else 3))
+        grown = dataclasses.replace(cfg, topk=topk).margin - margin
+        extra = -(-grown // page) * page
+        cfg = dataclasses.replace(cfg, topk=topk, row_width=row + extra,
+                                  pool_tokens=pool + extra * rows)
+    return cfg
 
 
 @st.composite

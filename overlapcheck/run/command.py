@@ -58,6 +58,9 @@ def register(subparsers) -> None:
     p.add_argument("--future-map", default="row", choices=FUTURE_MAPS,
                    help="FutureMap index: by request-pool row, or slots of a ring handed out "
                         "by a running counter (SGLang's)")
+    p.add_argument("--topk", type=int, default=1, metavar="N",
+                   help="draft candidates kept per depth; above 1, tree drafts verified "
+                        "under a tree mask (standalone and eagle drafts)")
     p.add_argument("--tp", type=_ranks, default=1, metavar="N",
                    help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
     p.add_argument("--dist", action="store_true",
@@ -122,13 +125,14 @@ def _config(args):
                         draft_reserve=args.draft_reserve, overlap=not args.no_overlap,
                         spec=not args.no_spec, model=args.model, draft_kind=args.draft,
                         tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup,
-                        zero_bubble=args.zero_bubble, future_map=args.future_map)
+                        zero_bubble=args.zero_bubble, future_map=args.future_map,
+                        topk=args.topk)
 
 
 # the flags that configure the reference engine (``_config``), with their defaults
 _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool_tokens",
                     "row_width", "max_running", "chunk_size", "draft_reserve", "no_overlap",
-                    "no_spec", "verify_sync", "kv_backup", "zero_bubble", "future_map", "tp", "dist",
+                    "no_spec", "verify_sync", "kv_backup", "zero_bubble", "future_map", "topk", "tp", "dist",
                     "cuda_graphs", "access")
 
 
