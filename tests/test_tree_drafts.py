@@ -185,3 +185,11 @@ def test_the_fuzzer_draws_tree_drafts():
 
     prop()
     assert 1 in seen and seen & {2, 3}
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle"])
+def test_tree_kernels_declare_what_they_touch(kind):
+    """Under full access inference (every torch op intercepted) the tree kernels'
+    accesses raise no race report: their declarations hold (docs/design.md §3.4)."""
+    cfg = EngineConfig(**{**BASE, "draft_kind": kind, "topk": 2})
+    run_clean(cfg, generate(2, 4, cfg, max_prompt=10, max_new=12), 2, "random", access="infer")
