@@ -76,11 +76,13 @@ def test_rms_norm_and_attention_are_batch_invariant_and_close(T):
     rows, pos = torch.arange(n).cuda(), torch.randint(0, 96, (n,), generator=g).cuda()
     q = torch.randn(n, heads, hd, generator=g).cuda()
     cols = (3, 3 + kvh * hd, 3 + 2 * kvh * hd)
-    slots, mask = O.context_slots(table, rows, pos)
-    a = T.attend(q, kv, cols, slots, mask, kvh)
+    a = T.attend(q, kv, cols, *T.context_slots(table, rows, pos), kvh)
     for i in range(n):
-        s1, m1 = O.context_slots(table, rows[i:i + 1], pos[i:i + 1])
-        assert torch.equal(T.attend(q[i:i + 1], kv, cols, s1, m1, kvh)[0], a[i]), i
+        one = T.attend(q[i:i + 1], kv, cols, *T.context_slots(table, rows[i:i + 1], pos[i:i + 1]), kvh)
+        assert torch.equal(one[0], a[i]), i
+    wide = torch.cat([table, torch.zeros_like(table)], 1)      # a wider table: the same bits
+    assert torch.equal(T.attend(q, kv, cols, *T.context_slots(wide, rows, pos), kvh), a)
+    slots, mask = O.context_slots(table, rows, pos)
     assert torch.allclose(a, O.attend(q, kv, cols, slots, mask, kvh), rtol=1e-4, atol=1e-4)
 
 

@@ -11,10 +11,10 @@ approach of vLLM's batch-invariant mode and SGLang's deterministic inference:
   configuration for every ``M`` (no split-K, no autotuning): a row's outputs are the
   same sequence of block products whatever rows share its tile or launch;
 * ``rms_norm``: one program per row, the row's sum of squares as one block reduction;
-* ``attend``: one program per (query, head), reading K and V straight from the paged KV
-  cache through the query's slots in fixed blocks of positions: a max pass, then the
-  exponentials' sum and the weighted values in the same block order. Masked positions
-  contribute exact zeros, so the result does not depend on the table's width either.
+* ``attend``: one program per (query, KV head), reading K and V straight from the paged
+  KV cache through the query's own table row, in fixed blocks of positions up to the
+  query's last one (an online softmax in block order): nothing a batch-mate or the
+  table's width can change.
 
 Epilogues fuse what follows a matmul (bias, residual add; the gated MLP's SiLU and
 product) and RoPE is one kernel, so that a layer is a few dozen launches, not hundreds.
@@ -29,10 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ops as _exact
 from .ops import rope_tables  # noqa: F401  (the same on both paths)
 
-BM, BN, BK = 16, 64, 64          # one linear tile for every M: the invariance
+BM, BK = 16, 64                  # one linear tile for every M: the invariance
+
+
+def _bn(dout: int) -> int:
+    """Output columns per program: a property of the weight, never of the batch
+    (narrow outputs take narrower tiles, so that enough programs stream the weight)."""
+    return 32 if dout <= 4096 else 64
 BW = 32                          # attention positions per block
 
 
@@ -108,11 +113,12 @@ def linear(x: torch.Tensor, w, b=None, residual=None) -> torch.Tensor:
     if m:
         r = None if residual is None else _rows(residual, dout)
         bias = None if b is None else b.float().contiguous()
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, BN))
+        bn = _bn(dout)
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
         _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r, y,
                              m, dout, din, flat.stride(0), w.w.stride(0), y.stride(0),
                              HAS_B=bias is not None, HAS_R=r is not None,
-                             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+                             BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -123,9 +129,10 @@ def gated(x: torch.Tensor, wg, wu) -> torch.Tensor:
     m = flat.shape[0]
     y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
     if m:
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, BN))
+        bn = _bn(dout)
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
         _gated_kernel[grid](flat, wg.w, wu.w, y, m, dout, din, flat.stride(0), wg.w.stride(0),
-                            y.stride(0), BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
+                            y.stride(0), BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -182,63 +189,75 @@ def rope(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return y
 
 
-def context_slots(table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor):
-    """``ops.context_slots`` with the mask as int8, the form ``attend`` reads (made once
-    per call, read by every layer)."""
-    slots, mask = _exact.context_slots(table, rows, last)
-    return slots.contiguous(), mask.to(torch.int8)
-
-
 @triton.jit(do_not_specialize=["n"])
-def _attend_kernel(q_ptr, kv_ptr, slots_ptr, mask_ptr, o_ptr, n, W, skv, kcol, vcol,
-                   group, HD, scale, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attend_kernel(q_ptr, kv_ptr, table_ptr, rows_ptr, last_ptr, o_ptr, n, stable, skv, kcol,
+                   vcol, HD, scale, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
     i = tl.program_id(0)
-    h = tl.program_id(1)
-    heads = tl.num_programs(1)
-    g = h // group
+    g = tl.program_id(1)
+    heads = tl.num_programs(1) * GROUP
+    row = tl.load(rows_ptr + i)
+    last = tl.load(last_ptr + i)
+    hh = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    dm = d < HD
-    q = tl.load(q_ptr + (i * heads + h) * HD + d, mask=dm, other=0.0)
-    m = tl.max(tl.full((BLOCK_W,), float("-inf"), tl.float32), axis=0)
-    for w0 in range(0, W, BLOCK_W):
+    qm = (hh[:, None] < GROUP) & (d[None, :] < HD)
+    qoff = (i * heads + g * GROUP + hh)[:, None] * HD + d[None, :]
+    q = tl.load(q_ptr + qoff, mask=qm, other=0.0)                      # [G, D]
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    for w0 in range(0, last + 1, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
-        ok = tl.load(mask_ptr + i * W + w, mask=w < W, other=0) != 0
-        slot = tl.load(slots_ptr + i * W + w, mask=ok, other=0)
-        k = tl.load(kv_ptr + slot[:, None] * skv + kcol + g * HD + d[None, :],
-                    mask=ok[:, None] & dm[None, :], other=0.0)
-        s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m = tl.maximum(m, tl.max(s, axis=0))
-    total = tl.sum(tl.zeros((BLOCK_W,), tl.float32), axis=0)
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    for w0 in range(0, W, BLOCK_W):
-        w = w0 + tl.arange(0, BLOCK_W)
-        ok = tl.load(mask_ptr + i * W + w, mask=w < W, other=0) != 0
-        slot = tl.load(slots_ptr + i * W + w, mask=ok, other=0)
-        k = tl.load(kv_ptr + slot[:, None] * skv + kcol + g * HD + d[None, :],
-                    mask=ok[:, None] & dm[None, :], other=0.0)
-        s = tl.sum(k * q[None, :], axis=1) * scale
-        p = tl.where(ok, tl.exp(s - m), 0.0)
-        total += tl.sum(p, axis=0)
-        v = tl.load(kv_ptr + slot[:, None] * skv + vcol + g * HD + d[None, :],
-                    mask=ok[:, None] & dm[None, :], other=0.0)
-        acc += tl.sum(p[:, None] * v, axis=0)
-    tl.store(o_ptr + (i * heads + h) * HD + d, acc / total, mask=dm)
+        ok = w <= last
+        slot = tl.load(table_ptr + row * stable + w, mask=ok, other=0)
+        at = kv_ptr + slot[:, None] * skv + g * HD + d[None, :]
+        km = ok[:, None] & (d[None, :] < HD)
+        k = tl.load(at + kcol, mask=km, other=0.0)                      # [W, D]
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale      # [G, W]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        v = tl.load(at + vcol, mask=km, other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    tl.store(o_ptr + qoff, acc / total[:, None], mask=qm)
 
 
-def attend(q: torch.Tensor, kv: torch.Tensor, cols, slots: torch.Tensor,
-           mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
+class Context:
+    """The context of each query: its request row of ``table`` and its last position
+    (attention reads positions ``0..last``), gathered inside ``attend``."""
+
+    def __init__(self, table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor):
+        self.table = table.contiguous()
+        self.rows = rows.contiguous()
+        self.last = last.contiguous()
+        self.shape = (rows.shape[0], table.shape[1])
+
+
+def context_slots(table: torch.Tensor, rows: torch.Tensor, last: torch.Tensor):
+    """``(Context, None)``: what ``attend`` reads in place of ``ops.context_slots``'
+    slots and mask (no ``[queries, width]`` tensors: each query reads its own row)."""
+    return Context(table, rows, last), None
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, cols, ctx: Context, _mask,
+           kv_heads: int) -> torch.Tensor:
     """Grouped-query attention of ``q [n, H, hd]`` over the K columns ``cols[0]:cols[1]``
-    and V columns ``cols[1]:cols[2]`` of ``kv``'s rows ``slots [n, W]`` where ``mask``;
-    ``[n, H, hd]``. Each query has at least one unmasked position (itself)."""
+    and V columns ``cols[1]:cols[2]`` of ``kv``'s rows at each query's positions
+    ``0..last`` (``ctx``); ``[n, H, hd]``. One program per (query, KV head) reads each K
+    and V row once for the head's group of queries: an online softmax over blocks of
+    positions in a fixed order, up to the query's own last position."""
     n, heads, hd = q.shape
     out = torch.empty((n, heads, hd), dtype=torch.float32, device=q.device)
     if n:
         if kv.dtype != torch.float32 or kv.stride(1) != 1:
             raise ValueError("attend reads a float32 KV cache with contiguous rows")
-        width = slots.shape[1]
-        _attend_kernel[(n, heads)](
-            q.float().contiguous(), kv, slots.contiguous(),
-            (mask if mask.dtype == torch.int8 else mask.to(torch.int8)).contiguous(),
-            out, n, width, kv.stride(0), cols[0], cols[1], heads // kv_heads, hd,
-            1.0 / math.sqrt(hd), BLOCK_W=BW, BLOCK_D=triton.next_power_of_2(hd))
+        group = heads // kv_heads
+        _attend_kernel[(n, kv_heads)](
+            q.float().contiguous(), kv, ctx.table, ctx.rows, ctx.last, out, n,
+            ctx.table.stride(0), kv.stride(0), cols[0], cols[1], hd, 1.0 / math.sqrt(hd),
+            GROUP=group, BLOCK_G=max(2, triton.next_power_of_2(group)), BLOCK_W=BW,
+            BLOCK_D=triton.next_power_of_2(hd))
     return out
