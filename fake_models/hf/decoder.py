@@ -74,7 +74,8 @@ class Decoder:
             to = lambda x: None if x is None else x.to(device)      # noqa: E731
             w = {k: to(v) for k, v in self._cpu.items() if k != "layers"}
             w["head"] = O.prepare(w["head"])
-            w["layers"] = [{k: (O.prepare(to(v)) if k in MATRICES else to(v)) for k, v in L.items()}
+            w["layers"] = [O.layer_weights({k: (O.prepare(to(v)) if k in MATRICES else to(v))
+                                            for k, v in L.items()})
                            for L in self._cpu["layers"]]
             w["ops"] = O
             self._dev[key] = w
@@ -85,25 +86,19 @@ class Decoder:
         k = META + 2 * self.kvw * l
         return k, k + self.kvw, k + 2 * self.kvw
 
-    def _heads(self, x, w, b, norm, n_heads, pos, W):
-        c, O = self.cfg, W["ops"]
-        y = O.linear(x, w, b).reshape(x.shape[0], n_heads, c.head_dim)
-        if norm is not None:
-            y = O.rms_norm(y, norm, c.rms_norm_eps)
-        return O.rope(y, pos, W["cos"], W["sin"])
-
     def kv_of(self, W, l: int, x, pos):
-        """Layer ``l``'s rotated K and V rows (``[q, kvw]`` each) of normed inputs ``x``."""
-        c, L = self.cfg, W["layers"][l]
-        k = self._heads(x, L["wk"], L["bk"], L["kn"], c.num_key_value_heads, pos, W)
-        return k.reshape(x.shape[0], -1), W["ops"].linear(x, L["wv"], L["bv"])
+        """Layer ``l``'s KV rows of normed inputs ``x``: rotated K then V, ``[q, 2 kvw]``."""
+        c = self.cfg
+        return W["ops"].kv_rows(x, W["layers"][l], c.num_key_value_heads, c.head_dim,
+                                c.rms_norm_eps, pos, W["cos"], W["sin"])
 
     def attention(self, W, l: int, x, kv, cols, slots, mask, pos, residual=None):
         """Layer ``l``'s attention of queries ``x`` (normed) at ``pos`` over ``kv``'s
         columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask`` (``context_slots``),
         added to ``residual`` when given; ``[q, d]``."""
         c, L, O = self.cfg, W["layers"][l], W["ops"]
-        q = self._heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, pos, W)
+        q = O.heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, c.head_dim,
+                    c.rms_norm_eps, pos, W["cos"], W["sin"])
         a = O.attend(q, kv, cols, slots, mask, c.num_key_value_heads)
         return O.linear(a.reshape(slots.shape[0], -1), L["wo"], residual=residual)
 
@@ -136,10 +131,8 @@ class Decoder:
         ctx = O.context_slots(table, rows, pos) if n > 1 else None
         for l in range(n):
             x = O.rms_norm(h, W["layers"][l]["ln1"], eps)
-            k0, k1, v1 = self.cols(l)
-            k, v = self.kv_of(W, l, x, pos)
-            store(k0, k1, k)
-            store(k1, v1, v)
+            k0, _, v1 = self.cols(l)
+            store(k0, v1, self.kv_of(W, l, x, pos))
             if l + 1 < n:
                 h = self.layer(W, l, h, x, kv, ctx, pos)
 

@@ -78,9 +78,8 @@ class EagleHead(_Head):
         slots = table[rows, pos]
         x = self.fuse(W, fc, toks, feats)
         xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
-        k, v = self.dec.kv_of(W, 0, xn, pos)
         meta = torch.stack([toks, pos, rids], 1).to(ekv.dtype)
-        new = torch.cat([meta, x, k, v], 1)
+        new = torch.cat([meta, x, self.dec.kv_of(W, 0, xn, pos)], 1)
         store(ekv[:, :self.kv_width], slots, new,
               None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 

@@ -20,7 +20,7 @@ from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
 __all__ = ["linear", "gated", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables",
-           "attend_gqa", "attend", "context_slots", "silu"]
+           "attend_gqa", "attend", "context_slots", "silu", "heads", "kv_rows", "layer_weights"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
@@ -59,6 +59,11 @@ def prepare(w: Optional[torch.Tensor]):
     if w is None or w.numel() <= TREE_LIMIT:
         return w
     return ExactWeight(w)
+
+
+def layer_weights(L: dict) -> dict:
+    """A layer's prepared weights as this path reads them (nothing added here)."""
+    return L
 
 
 def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None,
@@ -139,3 +144,20 @@ def attend(q: torch.Tensor, kv: torch.Tensor, cols, slots: torch.Tensor, mask: t
     shape = (n, width, kv_heads, q.shape[-1])
     return attend_gqa(q, kv[slots, cols[0]:cols[1]].reshape(shape),
                       kv[slots, cols[1]:cols[2]].reshape(shape), mask)
+
+
+def heads(x: torch.Tensor, w, b, norm, n_heads: int, head_dim: int, eps: float,
+          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Projected heads ``[q, n_heads, head_dim]`` of ``x``: the linear, the per-head
+    RMSNorm where ``norm`` is given (Qwen3), RoPE at ``pos``."""
+    y = linear(x, w, b).reshape(x.shape[0], n_heads, head_dim)
+    if norm is not None:
+        y = rms_norm(y, norm, eps)
+    return rope(y, pos, cos, sin)
+
+
+def kv_rows(x: torch.Tensor, L: dict, n_kv: int, head_dim: int, eps: float,
+            pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """A layer's KV rows of normed inputs ``x``: rotated K then V, ``[q, 2 * n_kv * hd]``."""
+    k = heads(x, L["wk"], L["bk"], L["kn"], n_kv, head_dim, eps, pos, cos, sin)
+    return torch.cat([k.reshape(x.shape[0], -1), linear(x, L["wv"], L["bv"])], 1)

@@ -164,28 +164,73 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["R"])
-def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, R, heads, HALF, BLOCK: tl.constexpr):
+def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, y_ptr, R, heads, sx, sy, HALF, eps,
+                 NORM: tl.constexpr, BLOCK: tl.constexpr):
+    """One head vector per program: (RMSNorm, when ``NORM``, then) rotate-half RoPE.
+    Row ``r`` is head ``r % heads`` of token ``r // heads``; a token's heads are ``sx``
+    (``sy``) apart in the source (destination), which may be the same memory."""
     r = tl.program_id(0)
-    p = tl.load(pos_ptr + r // heads)
+    t = r // heads
+    h = r % heads
+    p = tl.load(pos_ptr + t)
     d = tl.arange(0, BLOCK)
     ok = d < HALF
-    x1 = tl.load(x_ptr + r * 2 * HALF + d, mask=ok, other=0.0)
-    x2 = tl.load(x_ptr + r * 2 * HALF + HALF + d, mask=ok, other=0.0)
+    src = x_ptr + t * sx + h * 2 * HALF
+    x1 = tl.load(src + d, mask=ok, other=0.0)
+    x2 = tl.load(src + HALF + d, mask=ok, other=0.0)
+    if NORM:
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        x1 = x1 * inv * tl.load(w_ptr + d, mask=ok, other=0.0)
+        x2 = x2 * inv * tl.load(w_ptr + HALF + d, mask=ok, other=0.0)
     c = tl.load(cos_ptr + p * HALF + d, mask=ok, other=0.0)
     s = tl.load(sin_ptr + p * HALF + d, mask=ok, other=0.0)
-    tl.store(y_ptr + r * 2 * HALF + d, x1 * c - x2 * s, mask=ok)
-    tl.store(y_ptr + r * 2 * HALF + HALF + d, x1 * s + x2 * c, mask=ok)
+    dst = y_ptr + t * sy + h * 2 * HALF
+    tl.store(dst + d, x1 * c - x2 * s, mask=ok)
+    tl.store(dst + HALF + d, x1 * s + x2 * c, mask=ok)
+
+
+def _norm_rope(src: torch.Tensor, dst: torch.Tensor, n_heads: int, head_dim: int, norm, eps,
+               pos, cos, sin) -> None:
+    """``dst[t, h*hd:(h+1)*hd] = rope(norm(src[t, h*hd:...]))`` for ``src``/``dst`` of rows
+    ``[q, >= n_heads * hd]`` with unit column stride (``dst`` may be ``src``)."""
+    q = src.shape[0]
+    if q:
+        _rope_kernel[(q * n_heads,)](src, pos.contiguous(), cos, sin,
+                                     src if norm is None else norm, dst, q * n_heads, n_heads,
+                                     src.stride(0), dst.stride(0), head_dim // 2, float(eps),
+                                     NORM=norm is not None,
+                                     BLOCK=triton.next_power_of_2(head_dim // 2))
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE of ``x [q, heads, hd]`` at positions ``pos [q]``, one kernel."""
-    q, heads, hd = x.shape
+    q, n_heads, hd = x.shape
     src = x.float().contiguous()
     y = torch.empty_like(src)
-    if q:
-        _rope_kernel[(q * heads,)](src, pos.contiguous(), cos.contiguous(), sin.contiguous(), y,
-                                   q * heads, heads, hd // 2,
-                                   BLOCK=triton.next_power_of_2(hd // 2))
+    _norm_rope(src.view(q, -1), y.view(q, -1), n_heads, hd, None, 0.0, pos, cos, sin)
+    return y
+
+
+def heads(x, w, b, norm, n_heads: int, head_dim: int, eps: float, pos, cos, sin):
+    """``ops.heads``: the linear, then the per-head norm and RoPE in one kernel."""
+    y = linear(x, w, b)
+    _norm_rope(y, y, n_heads, head_dim, norm, eps, pos, cos, sin)
+    return y.view(x.shape[0], n_heads, head_dim)
+
+
+def layer_weights(L: dict) -> dict:
+    """A layer's prepared weights plus K and V side by side (``wkv``, ``bkv``): one
+    matmul makes a token's whole KV row."""
+    L = dict(L)
+    L["wkv"] = Bf16Weight(torch.cat([L["wk"].w, L["wv"].w], 1))
+    L["bkv"] = None if L.get("bk") is None else torch.cat([L["bk"], L["bv"]]).float()
+    return L
+
+
+def kv_rows(x, L: dict, n_kv: int, head_dim: int, eps: float, pos, cos, sin):
+    """``ops.kv_rows``: K and V from one matmul, K's norm and RoPE in place."""
+    y = linear(x, L["wkv"], L["bkv"])
+    _norm_rope(y, y, n_kv, head_dim, L["kn"], eps, pos, cos, sin)
     return y
 
 
