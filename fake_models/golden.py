@@ -97,10 +97,14 @@ def _model(name: str):
     return make_model(name)
 
 
-@functools.lru_cache(maxsize=16)
 def shared(model: str, width: int, device: str = "cpu") -> Golden:
     """One ``Golden`` per (model name, row width, device), built on first use; the model
     itself is built once per name."""
+    return _shared(model, width, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _shared(model: str, width: int, device: str) -> Golden:
     return Golden(_model(model), width, device=device)
 
 

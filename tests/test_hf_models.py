@@ -188,3 +188,22 @@ def test_small_hf_parity_and_lossless(tmp_path, kind):
 
 
 KINDS = tuple(DRAFT_KINDS)
+
+
+def test_the_cpu_runs_the_exact_path_and_its_references_stay_on_the_cpu():
+    """Off a GPU the decoder takes the exact kernels, the model says it is exact there,
+    and the reference target keeps parity's reference run and the golden model on the
+    sim and the CPU (a GPU with Triton moves them to the run's device:
+    tests/test_hf_kernels_gpu.py)."""
+    from fake_models.golden import exact_on, shared
+    from fake_models.hf import kernels, ops
+    from overlapcheck import targets
+    from overlapcheck.engine import EngineConfig
+    assert kernels.for_device("cpu") is ops and kernels.exact_on("cpu")
+    m = make_model("random:tiny-qwen3")
+    assert m.exact_on("cpu") and exact_on(m, "cpu") and exact_on("oracle", "cuda")
+    cfg = EngineConfig(model="random:tiny-qwen3")
+    ref = targets.get("reference")
+    assert ref.reference_device(cfg, "sim") is None
+    assert ref.checker_context(cfg)["model_golden"] is shared("random:tiny-qwen3", cfg.row_width)
+    assert ref.checker_context(cfg)["model_golden"].device == "cpu"
