@@ -201,6 +201,8 @@ def campaign(a, i: int, model: str, seconds: float, out: str, share_left: float 
         cmd[-1:-1] = ["--db", a.shared_db]
     shrink = a.shrink_seconds or max(10.0, seconds / 4)
     cmd += ["--shrink-time", f"{shrink:g}"] + [x for f in a.fault for x in ("--fault", f)]
+    if device_info(a.device).gpu:   # graphs keep the detector (declared accesses): §4.9
+        cmd.append("--cuda-graphs")
     grace = a.grace if a.grace is not None else max(60.0, seconds)
     grace = min(grace, max(shrink, share_left - seconds))   # docs/design.md §6.9: fair shares
     rc, wall = run_group(cmd, logs["stdout"], logs["stderr"], seconds + grace)

@@ -76,3 +76,13 @@ def test_invalid_yaml_exit_2(tmp_path, capsys):
     path.write_text("requests: [1, 2\n")
     assert main(["run", "--workload", str(path)]) == 2
     assert "not valid YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["run", "--cuda-graphs"], "--cuda-graphs needs a GPU device"),
+    (["fuzz", "--cuda-graphs", "--examples", "1"], "--cuda-graphs needs the reference engine on a GPU"),
+])
+def test_cuda_graphs_off_a_gpu_is_a_usage_error(capsys, argv, msg):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err

@@ -105,3 +105,10 @@ def test_graphs_with_access_inference_is_refused():
                         "--cuda-graphs", "--access", "infer", "--requests", "2"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "--cuda-graphs hides" in r.stderr, r.stdout + r.stderr
+
+
+def test_fuzz_with_cuda_graphs_runs_the_detector():
+    r = subprocess.run([sys.executable, "-m", "overlapcheck", "fuzz", "--device", "cuda",
+                        "--cuda-graphs", "--model", "trained", "--examples", "4", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -63,6 +63,7 @@ class Options:
     # fail an example nor are reported, so a campaign looks for other bugs
     known: frozenset = frozenset()
     on_finding: Optional[Callable[["Found"], None]] = None   # each finding, once recorded
+    graphs: bool = False   # a GPU device: model calls replay from CUDA graphs (§4.9)
 
 
 @dataclass
@@ -129,6 +130,8 @@ class Campaign:
         self.strategy = case_strategy(opts)
         self.engine_version = targets.get(opts.target).version()
         self.device_options = {"device": opts.device}
+        if opts.graphs:
+            self.device_options["graphs"] = True
         self.references = References()    # parity's reference runs, computed once each
 
     # -- budget and progress -------------------------------------------------------------

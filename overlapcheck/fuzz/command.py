@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     from ..device import DEVICES
     p.add_argument("--device", default="sim", help=f"{', '.join(DEVICES)} (default sim)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="reference engine on a GPU device: replay the model calls from CUDA "
+                        "graphs (the race detector takes the launches' declared accesses)")
     p.add_argument("--target", default="reference", metavar="NAME",
                    help=f"the engine to fuzz: {', '.join(targets.TARGETS)} (default reference)")
     p.add_argument("--model", default=None, help="reference engine: oracle (default), tiny, "
@@ -90,9 +93,12 @@ def _options(args):
     if shared_db:
         _check_shared_db(shared_db)
     try:
-        device_info(args.device)
+        info = device_info(args.device)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.cuda_graphs and not (info.gpu and args.target == "reference"):
+        raise UsageError(f"--cuda-graphs needs the reference engine on a GPU device, not "
+                         f"{args.target} on {args.device}")
     kinds = None if args.draft is None else (args.draft,)
     if args.draft is not None and args.draft not in DRAFT_KINDS:
         raise UsageError(f"unknown draft kind {args.draft!r} (choose from {', '.join(DRAFT_KINDS)})")
@@ -124,7 +130,8 @@ def _options(args):
                    target=args.target, models=(args.model,) if args.model else None,
                    draft_kinds=kinds, checks=checks, faults=faults,
                    out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db,
-                   known=_known(args.known, args.target), started=_started())
+                   known=_known(args.known, args.target), started=_started(),
+                   graphs=args.cuda_graphs)
 
 
 def _started() -> float:

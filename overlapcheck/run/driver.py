@@ -219,7 +219,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
 
 
 _RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace", "device",
-                "model", "runtime", "access", "detect", "engine"}
+                "model", "runtime", "access", "detect", "engine", "graphs"}
 
 
 def run_checked(cfg, workload, checks: Sequence[str] = (), seed: int = 0,

@@ -87,11 +87,12 @@ class ReferenceTarget(Target):
 
     def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
              model=None, runtime=None, access="declared", detect=True, engine=None,
-             trace=False, **options) -> ReferenceSession:
+             trace=False, graphs=False, **options) -> ReferenceSession:
         """``runtime``: a runtime built by the caller (``strategy`` and ``device`` are
         then its own); ``engine``: an engine factory ``(cfg, rt, model, observer)``
         (default: ``make_engine``, tensor-parallel ranks when ``cfg.tp > 1``);
-        ``trace``: record the device work that runs (replayable runtimes)."""
+        ``trace``: record the device work that runs (replayable runtimes); ``graphs``: a
+        GPU device's model calls replay from CUDA graphs (§4.9)."""
         from fake_models import make_model
         from ..device import make_runtime
         from ..engine import make_engine
@@ -100,7 +101,7 @@ class ReferenceTarget(Target):
         if faults:
             cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults) + tuple(faults))))
         rt = runtime if runtime is not None else make_runtime(
-            device, strategy=strategy, access=access, detect=detect)
+            device, strategy=strategy, access=access, detect=detect, graphs=graphs)
         if trace and rt.replayable:
             rt.trace = True
         factory = engine if engine is not None else make_engine
