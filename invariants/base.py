@@ -96,6 +96,7 @@ REGISTRY: Dict[str, str] = {
     "lifecycle": "invariants.lifecycle:Lifecycle",
     "liveness": "invariants.liveness:Liveness",
     "rank-agreement": "invariants.rank_agreement:RankAgreement",
+    "host-race": "invariants.host_race:HostRace",
     # oracles that do not trust the engine (docs/design.md §9.3)
     "golden": "invariants.golden:Golden",
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",

@@ -222,6 +222,13 @@ class Runtime:
         """A host runtime call: a choice point on a backend that schedules device work
         itself (the sim); nothing on a real device."""
 
+    def host_choice(self, names: Sequence[str]) -> int:
+        """Which of the runnable host threads ``names`` runs next (an index into them;
+        docs/design.md §4.14). A host choice point: on a backend that schedules device
+        work itself (the sim) the schedule decides, recorded in ``choices``; elsewhere the
+        first, so that the order never depends on real threads."""
+        return 0
+
     def _clock(self, stream: Stream):
         """The detector clock of an op the host queues on ``stream`` now."""
         return self.det.enqueue(stream.ctx) if self.det is not None else None

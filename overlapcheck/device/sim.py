@@ -169,6 +169,20 @@ class SimRuntime(Runtime):
                 return
             self._retire(ready[c - 1])
 
+    def host_choice(self, names) -> int:
+        """A host thread switch (docs/design.md §4.14): a choice point for the device
+        work too, then, with several threads runnable, a forced decision of the
+        strategy over their names, recorded with the device's."""
+        self._point()
+        n = len(names)
+        if n == 1:
+            return 0
+        c = self.strategy.choose(n, list(names), True)
+        if not 0 <= c < n:
+            raise ValueError(f"strategy returned decision {c} of {n}")
+        self.choices.append(c)
+        return c
+
     def _drain(self, need: Dict[int, int], why: str = "a blocking host call") -> None:
         """Retire exactly what must retire for every stream ``ctx`` to have retired its
         first ``need[ctx]`` ops, including what those ops wait for. Raises

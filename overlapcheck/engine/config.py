@@ -69,6 +69,14 @@ class EngineConfig:
       verified under a tree mask; the accepted path's KV is moved to contiguous
       positions and the pages past the chain's reach are released after the verify.
       Standalone and EAGLE kinds, without zero bubble.
+    * ``forward_thread``: the engine loop as two host threads (docs/design.md §4.14): a
+      scheduler thread that builds batches and processes results, and a forward thread
+      that launches them, joined by an input queue (batches) and an output queue
+      (results). Which thread runs at each choice point (every queue operation and
+      shared-object access) is a schedule decision, recorded and replayed with the
+      device's. With overlap the scheduler processes a batch's result while the forward
+      thread launches the next batch; without it the scheduler waits for each batch's
+      result, so the threads never run side by side. One rank only (``tp`` 1).
     """
 
     page_size: int = 1
@@ -90,6 +98,7 @@ class EngineConfig:
     backup_canary: bool = True  # with kv_backup: read the host pool back and compare it
     future_map: str = "row"     # FutureMap indexed by request-pool row or ring slot
     topk: int = 1               # draft candidates kept per depth (> 1: tree drafts, §4.12)
+    forward_thread: bool = False  # launches on a forward thread fed through queues (seed 002)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -102,7 +111,7 @@ class EngineConfig:
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
         for name in ("overlap", "spec", "verify_sync", "kv_backup", "zero_bubble",
-                     "backup_canary"):
+                     "backup_canary", "forward_thread"):
             need(isinstance(getattr(self, name), bool),
                  f"{name} must be true or false, got {getattr(self, name)!r}")
         need(self.pool_tokens % self.page_size == 0,
@@ -125,6 +134,8 @@ class EngineConfig:
              f"got {self.draft_kind!r}")
         need(self.topk == 1 or not self.zero_bubble,
              "topk > 1 (tree drafts) does not run with zero_bubble")
+        need(not (self.forward_thread and self.tp > 1),
+             f"forward_thread runs one rank: it needs tp 1, got tp {self.tp}")
         need(isinstance(self.model, str) and (self.model in MODELS + ("trained",) or (
             self.model.startswith(("hf:", "random:")) and self.model.split(":", 1)[1] != "")),
              f"model must be one of {', '.join(MODELS)}, trained, hf:DIR or random:NAME, "

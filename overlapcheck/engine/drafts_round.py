@@ -89,6 +89,14 @@ class DraftRounds:
         self._now, self._ahead = [c[0] for c in cols], [c[1] for c in cols]
         return cols
 
+    def use(self, batch: Batch, cols: List[List[int]]) -> None:
+        """Launch ``batch`` with the columns ``columns`` gave it earlier (a snapshot taken
+        before the forward thread's handoff): this launch's NOW and AHEAD columns."""
+        if batch.kind == PREFILL:
+            self._now, self._ahead = [], []
+        else:
+            self._now, self._ahead = [c[0] for c in cols], [c[1] for c in cols]
+
     def _entry(self, r) -> List[int]:
         # unprocessed decodes before this batch (the scheduler counted this one already)
         hlen = r.committed + self.step * (r.unprocessed_decodes - 1)

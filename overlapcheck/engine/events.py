@@ -192,6 +192,30 @@ class RankBatch(Event):
 
 
 @dataclass(frozen=True)
+class HostQueue(Event):
+    """The forward thread's handoffs (docs/design.md §4.14): ``thread`` (scheduler or
+    forward) did ``op`` (put or get) on ``queue`` (input: batches to launch; output:
+    launched batches' results); ``seq`` numbers the queue's items, a get taking the
+    item of the put with the same number. ``batch``: the batch the item carries."""
+
+    thread: str
+    queue: str
+    op: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class HostAccess(Event):
+    """With the forward thread, ``thread`` read or wrote (``write``) ``field`` of a host
+    object both threads can reach: ``obj`` is ("request", rid) or ("batch", bid)."""
+
+    thread: str
+    obj: Tuple[str, int]
+    field: str
+    write: bool
+
+
+@dataclass(frozen=True)
 class RunEnd(Event):
     """The workload is done; ``result`` is the ``RunResult`` the run returns."""
 

@@ -21,6 +21,8 @@ from .config import EngineConfig
 from .graphs import GraphedModel
 from .results import RequestResult, RunResult, summarize
 from .scheduler import Scheduler
+from .threads import (FORWARD, GET, POINT, PUT, SCHEDULER, HostThreads, ReadLog,
+                      shared_state, written)
 from .types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING, RUNNING,
                     STOP, Batch, Request, RequestSpec)
 from .worker import SpecWorker
@@ -51,7 +53,11 @@ class Engine:
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
         self.mem = Memory(cfg, self.dev, self._emit)
         self.sched = Scheduler(cfg, self.mem, self.requests, self._emit)
-        self.worker = SpecWorker(self.dev, model, self.requests, self.canary)
+        # forward thread (docs/design.md §4.14): the worker reads the requests through a
+        # log of the shared fields it reads, and the loop runs as two host threads
+        self.reads = ReadLog(self.requests) if cfg.forward_thread else None
+        self.worker = SpecWorker(self.dev, model, self.requests if self.reads is None else self.reads,
+                                 self.canary)
         if rt.graphs:
             model.arm(rt.graph_cache())
         self.inflight: Deque[Batch] = deque()
@@ -62,6 +68,10 @@ class Engine:
         self.rank, self.collective = 0, None   # tensor parallel (tp.TPEngine sets them)
         self.overlapping = False               # this step's decision (begin_step)
         self.steady_buffers = None             # runtime buffers held before the first step
+        self.threads = None
+        if cfg.forward_thread:
+            self.threads = HostThreads(rt, self._on_queue)
+            self.threads.start_forward(self._forward_thread())
 
     def _emit(self, ev: E.Event) -> None:
         if self.observer is not None:
@@ -88,7 +98,9 @@ class Engine:
             return
         r.abort_requested = True
         if not r.inflight:
+            before = self._shared_before((r,))
             self._teardown(r, ABORTED, ABORT, -1)
+            self._declare_writes(before, -1)
 
     @property
     def idle(self) -> bool:
@@ -96,7 +108,10 @@ class Engine:
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> None:
-        self.end_step(self.begin_step())
+        if self.threads is not None:
+            self.threads.run(self._scheduler_step())
+        else:
+            self.end_step(self.begin_step())
 
     def begin_step(self) -> Optional[Batch]:
         """Build and launch this step's batch (None: nothing to run) and decide whether
@@ -131,10 +146,13 @@ class Engine:
     def end_step(self, batch: Optional[Batch]) -> None:
         """Process results (all but ``batch`` when the step overlaps), check the pool
         when idle, report the step's races and ``StepEnd``."""
-        it = self.iteration
         keep = 1 if self.overlapping else 0
         while len(self.inflight) > keep:
             self._process(self.inflight.popleft())
+        self._close_step(batch)
+
+    def _close_step(self, batch: Optional[Batch]) -> None:
+        it = self.iteration
         if self.strict and self.idle:
             self.mem.check_integrity(self.requests)
             assert self.mem.is_full(), "idle engine with memory still held"
@@ -143,6 +161,89 @@ class Engine:
             self._emit(E.StepEnd(it, batch.bid if batch else -1, self.snapshot()))
         self.iteration += 1
 
+    # -- the forward thread (docs/design.md §4.14) -------------------------------------------
+    def _scheduler_step(self):
+        """One step on the scheduler thread: build the batch, snapshot what its launch
+        reads of the requests, hand it to the forward thread, then take and process the
+        results the step processes (all but this batch's under overlap)."""
+        if self.steady_buffers is None:
+            self.steady_buffers = self.rt.live_buffers()
+        yield (POINT,)
+        it = self.iteration
+        before = self._shared_before(self._unsettled.values())
+        batch = self.sched.build(it, self.batches)
+        self._declare_writes(before, batch.bid if batch is not None else -1)
+        if batch is not None:
+            self.batches += 1
+            if self.mem.host is not None:         # the KV backup's host-pool cells and slots
+                batch.host_cells = self.mem.take_host_cells()
+                batch.host_slots = self.mem.host_slots(self.requests[e.rid] for e in batch.entries)
+            self._access(SCHEDULER, batch, "entries", True)
+            if not self.faults.on("sched-mutates-during-forward"):
+                batch.inputs = self.worker.inputs(batch, [b.bid for b in self.inflight])
+                self._declare_reads(SCHEDULER, batch.bid)
+                self._access(SCHEDULER, batch, "inputs", True)
+            # else fault: the batch goes over without its snapshot, so the forward thread
+            # reads the live requests that this thread's result processing mutates
+            self.inflight.append(batch)
+            yield (PUT, self.threads.input, batch)
+        self.overlapping = self._overlaps(batch)
+        keep = 1 if self.overlapping else 0
+        while len(self.inflight) > keep:
+            done = yield (GET, self.threads.output)
+            assert done is self.inflight[0], "the forward thread returned batches out of order"
+            self._access(SCHEDULER, done, "launch", False)
+            yield (POINT,)
+            self._process(self.inflight.popleft())
+        self._close_step(batch)
+
+    def _forward_thread(self):
+        """The forward thread: take a batch, launch it, hand it back for its result."""
+        while True:
+            batch = yield (GET, self.threads.input)
+            yield (POINT,)
+            self._access(FORWARD, batch, "entries", False)
+            if batch.inputs is not None:
+                self._access(FORWARD, batch, "inputs", False)
+            ops = self.worker.launch(batch)
+            self._declare_reads(FORWARD, batch.bid)
+            self._emit(E.Launched(self.iteration, batch.bid, batch.kind, tuple(ops)))
+            self._access(FORWARD, batch, "launch", True)
+            yield (PUT, self.threads.output, batch)
+
+    def _on_queue(self, thread: str, queue: str, op: str, seq: int, batch: Batch) -> None:
+        if self.observer is not None:
+            self._emit(E.HostQueue(self.iteration, batch.bid, thread, queue, op, seq))
+
+    def _access(self, thread: str, batch: Batch, field: str, write: bool) -> None:
+        if self.observer is not None:
+            self._emit(E.HostAccess(self.iteration, batch.bid, thread, ("batch", batch.bid),
+                                    field, write))
+
+    def _declare_reads(self, thread: str, bid: int) -> None:
+        """The shared request fields read since the last call, as ``thread``'s."""
+        reads = self.reads.take()
+        if self.observer is not None:
+            for rid, field in reads:
+                self._emit(E.HostAccess(self.iteration, bid, thread, ("request", rid), field,
+                                        False))
+
+    def _shared_before(self, reqs) -> Optional[dict]:
+        """With the forward thread observed: the shared fields of ``reqs`` before a
+        scheduler-thread action (``_declare_writes`` declares what it changed)."""
+        if self.threads is None or self.observer is None:
+            return None
+        return {r.rid: (r, shared_state(r)) for r in reqs}
+
+    def _declare_writes(self, before: Optional[dict], bid: int) -> None:
+        if not before:
+            return
+        for rid, (r, old) in before.items():
+            for field in written(old, shared_state(r)):
+                self._emit(E.HostAccess(self.iteration, bid, SCHEDULER, ("request", rid), field,
+                                        True))
+
+    # -- results ---------------------------------------------------------------------------
     def _process(self, batch: Batch) -> None:
         it, bid = self.iteration, batch.bid
         toks, accs = self.worker.collect(batch)
@@ -151,6 +252,7 @@ class Engine:
         backup = self.worker.backup_canary and batch.kind != PREFILL
         for i, (e, t, a) in enumerate(zip(batch.entries, toks, accs)):
             r = self.requests[e.rid]
+            before = self._shared_before((r,))
             r.inflight.remove(bid)
             live = r.state in (PREFILLING, RUNNING) and not r.abort_requested
             ended = None
@@ -181,6 +283,7 @@ class Engine:
                 # fault: an abort deferred across a prefill batch is never torn down
                 if not (self.faults.on("abort-zombie") and batch.kind == PREFILL):
                     self._teardown(r, ABORTED, ABORT, bid)
+            self._declare_writes(before, bid)
         self.mem.on_processed(bid, it)
 
     def _append(self, r: Request, tokens: Iterable[int]) -> Tuple[tuple, Optional[str]]:

@@ -109,3 +109,5 @@ class Batch:
     handles: object = None                  # device-side handles of the launch (worker)
     host_cells: List[Tuple[int, int, int]] = field(default_factory=list)  # req->host-pool cells
     host_slots: frozenset = frozenset()     # host-pool slots its KV backup may write
+    # forward thread: what its launch reads of the requests, taken before the handoff
+    inputs: object = None

@@ -61,15 +61,34 @@ class SpecWorker:
             BK.allocate_spans(dev)
 
     # -- host staging ----------------------------------------------------------------------
+    def inputs(self, batch: Batch, unprocessed) -> "Inputs":
+        """Everything launching ``batch`` reads of the requests (and the host launch state
+        derived from them), taken now: the forward thread's batch carries it, taken on the
+        scheduler thread before the handoff (docs/design.md §4.14), so that the forward
+        thread reads no request the scheduler thread goes on mutating. ``unprocessed``:
+        the batches not yet processed now (whose verified lengths the host cannot know)."""
+        known = ({e.rid: self.requests[e.rid].committed for e in batch.entries}
+                 if self.host_sum and batch.kind != PREFILL else None)
+        rounds = self.rounds.columns(batch) if self.rounds else None
+        fut = self.future.assign(batch)
+        specs = [(sp.seed, int(sp.sampling == SEEDED))
+                 for sp in (self.requests[e.rid].spec for e in batch.entries)]
+        return Inputs(known, rounds, fut, specs, frozenset(unprocessed))
+
     def _lens_sum(self, batch: Batch) -> int:
         """The host's seq_lens_sum of a decode batch (0 when the device computes it).
         Lengths of requests that rode the previous, unprocessed decode batch come from its
         verify: the host waits for it (the declared verify sync) and reads them."""
         if not self.host_sum or batch.kind == PREFILL:
             return 0
-        known = {e.rid: self.requests[e.rid].committed for e in batch.entries}
-        if self._published is not None:
-            _, pp, index = self._published
+        inp = batch.inputs
+        known = (dict(inp.known) if inp is not None else
+                 {e.rid: self.requests[e.rid].committed for e in batch.entries})
+        published = self._published
+        if inp is not None and published is not None and published[0] not in inp.unprocessed:
+            published = None     # processed before the snapshot: its lengths are in it
+        if published is not None:
+            _, pp, index = published
             if not self.faults.on("verify-sum-unwaited"):
                 self.dev.verified[pp].synchronize()
                 self.declared_syncs += 1
@@ -83,13 +102,21 @@ class SpecWorker:
         lsum = self._lens_sum(batch)
         bs = dev.meta_pin[p].t.shape[0]
         entries = batch.entries
-        rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * bs
-        fut = self.future.assign(batch)
+        inp = batch.inputs
+        if inp is None:      # read the requests now
+            rounds = self.rounds.columns(batch) if self.rounds else [[1, 0, 0, 0]] * bs
+            fut = self.future.assign(batch)
+            specs = [(sp.seed, int(sp.sampling == SEEDED))
+                     for sp in (self.requests[e.rid].spec for e in entries)]
+        else:                # the snapshot taken before the handoff
+            rounds = inp.rounds if self.rounds else [[1, 0, 0, 0]] * bs
+            if self.rounds:
+                self.rounds.use(batch, rounds)
+            fut, specs = inp.fut, inp.specs
         ring = self.future.ring
         meta, ptok = [], []
         for i, e in enumerate(entries):
-            spec = self.requests[e.rid].spec
-            meta.append([e.row, e.rid, spec.seed, int(spec.sampling == SEEDED), e.start, e.n,
+            meta.append([e.row, e.rid, specs[i][0], specs[i][1], e.start, e.n,
                          int(e.sample), int(e.last), e.next_token, lsum] + rounds[i]
                         + (list(fut[i]) if ring else []))
             row, start, rid = e.row, e.start, e.rid
@@ -328,8 +355,11 @@ class SpecWorker:
         results: per entry, the output tokens and the accept length."""
         dev, rt = self.dev, self.dev.rt
         p = batch.bid % 2
-        if self._published is not None and self._published[0] == batch.bid:
-            self._published = None    # its lengths are the host's own from now on
+        if batch.inputs is None and self._published is not None \
+                and self._published[0] == batch.bid:
+            # its lengths are the host's own from now on (a batch with a snapshot: the
+            # launches after it know from theirs, docs/design.md §4.14)
+            self._published = None
         if not self.faults.on("no-copy-done-wait"):
             dev.done[p].synchronize()
             self.declared_syncs += 1
@@ -345,6 +375,18 @@ class SpecWorker:
             return None
         rows = self.dev.rt.host_view(self.dev.can_pin[batch.bid % 2]).tolist()
         return rows[:len(batch.entries)]
+
+
+class Inputs:
+    """A batch's snapshot of what its launch reads of the requests (``SpecWorker.inputs``):
+    the host's committed lengths (verify sync), the draft-round columns, the FutureMap
+    slots, each entry's (seed, seeded), and the batches unprocessed when it was taken."""
+
+    __slots__ = ("known", "rounds", "fut", "specs", "unprocessed")
+
+    def __init__(self, known, rounds, fut, specs, unprocessed):
+        self.known, self.rounds, self.fut = known, rounds, fut
+        self.specs, self.unprocessed = specs, unprocessed
 
 
 def _padded(rows, shape) -> torch.Tensor:

@@ -214,6 +214,18 @@ _ENTRIES = (
           "topk > 1)",
           "kv-accounting", "topk > 1, spec, a tree reserve reaching a page past the chain's "
           "k+1 positions (page_size small against topk * k)"),
+    Fault("sched-mutates-during-forward", 25, "engine/loop.py Engine._scheduler_step",
+          "with the forward thread, a batch is handed over without the snapshot of what its "
+          "launch reads of its requests (committed lengths, draft-round and FutureMap "
+          "inputs): the forward thread reads the live requests while the scheduler thread, "
+          "no queue handoff between them, processes the previous result and mutates them; "
+          "where the interleaving runs that processing first, the launch stages lengths a "
+          "verify ahead",
+          "SGLang #8056 (and #20026): the scheduler thread appends to req.output_ids while "
+          "the forward thread's logit processor reads the same request for the in-flight "
+          "batch",
+          "host-race", "forward_thread, overlap, a request in consecutive batches whose "
+          "launch reads it (spec drafts, verify sync or the ring FutureMap)"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}
