@@ -117,6 +117,10 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         extra = -(-grown // page) * page
         cfg = dataclasses.replace(cfg, topk=topk, row_width=row + extra,
                                   pool_tokens=pool + extra * rows)
+    # the forward thread (docs/design.md §4.14, one rank), drawn after everything else:
+    # in a quarter of the examples
+    if cfg.tp == 1 and draw(st.sampled_from((False, False, False, True))):
+        cfg = dataclasses.replace(cfg, forward_thread=True)
     return cfg
 
 
