@@ -47,6 +47,20 @@ def test_forward_thread_runs_clean_and_equals_the_standard_engine(kind, mode):
             assert_parity(ref, out.result, f"{kind}/{mode} seed {seed}", accept=cfg.spec)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("kind", ["standalone", "eagle"])
+def test_tree_drafts_on_the_forward_thread(kind, overlap):
+    cfg = EngineConfig(**{**BASE, "draft_kind": kind, "topk": 2, "overlap": overlap,
+                          "row_width": 48, "pool_tokens": 160})
+    for seed in range(2):
+        wl = generate(seed, 7, cfg, max_prompt=16, max_new=20)
+        ref = execute(Case(standard(cfg), wl, ScheduleSpec("random", seed))).result
+        for sched in (LAG, ScheduleSpec("random", seed)):
+            out = execute(Case(cfg, wl, sched))
+            assert out.status == "completed" and not out.findings, out.findings[0].text
+            assert_parity(ref, out.result, f"tree {kind} seed {seed}")
+
+
 @pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
 def test_spec_equals_no_spec_and_overlap_equals_non_overlap(kind):
     cfg = EngineConfig(**{**BASE, "draft_kind": kind})
