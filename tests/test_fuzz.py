@@ -115,3 +115,26 @@ def test_known_findings_are_not_reported_again(tmp_path):
     again = Campaign(Options(known=frozenset(keys), **opts)).run().summary()
     assert not keys & {(f["checker"],) + tuple(f["site"]) for f in again["findings"]}
     assert main(["fuzz", "--known", str(tmp_path / "missing"), "--examples", "1"]) == 2
+
+
+def test_a_device_without_logical_ranks_draws_one_rank_from_the_same_draws():
+    """Off the sim (no host flags: a GPU) a campaign's cases have one rank: logical
+    ranks exist on the sim only (a GPU runs real ranks with ``run --dist``)."""
+    import dataclasses
+    from hypothesis import HealthCheck, given, settings
+    from overlapcheck.fuzz.campaign import Options, case_strategy
+    from overlapcheck.fuzz.strategies import cases
+    seen = []
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cases(), cases(logical_ranks=False))
+    def prop(a, b):
+        seen.append(a.config.tp)
+        assert b.config.tp == 1
+    prop()
+    assert 2 in seen
+    assert "logical_ranks" not in repr(case_strategy(Options(device="sim")))
+    import overlapcheck.device as D
+    if "cuda" in D.DEVICES:
+        assert "logical_ranks=False" in repr(case_strategy(Options(device="cuda")))

@@ -109,10 +109,13 @@ class _TimeUp(BaseException):
 
 def case_strategy(opts: "Options"):
     """The campaign target's Hypothesis strategy of cases."""
+    from ..device import device_info
     target = targets.get(opts.target)
     module, fn = target.case_strategy.split(":")
     narrow = {k: v for k, v in (("models", opts.models), ("draft_kinds", opts.draft_kinds))
               if v is not None}
+    if "logical_ranks" in target.case_options and not device_info(opts.device).host_flags:
+        narrow["logical_ranks"] = False     # a GPU runs one rank per process (run --dist)
     return getattr(importlib.import_module(module), fn)(tuple(opts.checks), tuple(opts.faults),
                                                        **narrow)
 

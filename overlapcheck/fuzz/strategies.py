@@ -77,7 +77,8 @@ def features(draw) -> Features:
 
 @st.composite
 def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
-            draft_kinds: Optional[Sequence[str]] = None) -> EngineConfig:
+            draft_kinds: Optional[Sequence[str]] = None,
+            logical_ranks: bool = True) -> EngineConfig:
     wide = feat.wide
     page = draw(st.sampled_from((1, 2, 4, 8, 16) if wide else (1, 1, 2, 4)))
     k = draw(st.integers(1, 8 if wide else 4))
@@ -98,7 +99,7 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
         chunk_size=draw(st.integers(1, 48) if wide else st.integers(1, 2) if feat.long
                         else st.integers(2, 32)),
         spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
-        overlap=feat.overlap, spec=feat.spec, tp=feat.tp,
+        overlap=feat.overlap, spec=feat.spec, tp=feat.tp if logical_ranks else 1,
         draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_made(_model, models)),
         verify_sync=draw(variant), kv_backup=draw(variant),
@@ -184,10 +185,13 @@ def schedules(draw) -> ScheduleSpec:
 @st.composite
 def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
           models: Sequence[str] = ("oracle",), draft_kinds: Optional[Sequence[str]] = None,
-          config: Optional[EngineConfig] = None) -> Case:
+          config: Optional[EngineConfig] = None, logical_ranks: bool = True) -> Case:
     """A whole fuzz case. ``config`` pins the engine configuration (the pytest
-    fixture's "fuzz my config" mode); otherwise it is drawn too."""
+    fixture's "fuzz my config" mode); otherwise it is drawn too. ``logical_ranks``:
+    whether the device runs tensor-parallel ranks in one process (the sim's host flags);
+    without them every case has one rank (the draws stay the same)."""
     feat = draw(_made(features))
-    cfg = config if config is not None else draw(_made(configs, feat, models, draft_kinds))
+    cfg = config if config is not None else draw(_made(configs, feat, models, draft_kinds,
+                                                       logical_ranks))
     return Case(cfg, draw(_made(workloads, cfg, feat)), draw(_made(schedules)), tuple(checks),
                 tuple(faults))

@@ -41,7 +41,7 @@ class ReferenceTarget(Target):
     name = "reference"
     install = "pip install overlapcheck"
     case_strategy = "overlapcheck.fuzz.strategies:cases"
-    case_options = ("models", "draft_kinds")
+    case_options = ("models", "draft_kinds", "logical_ranks")
 
     @property
     def config_type(self):
