@@ -6,8 +6,10 @@ each mode with every checker on, and each mode's figures. Prints tables and writ
     python bench/modes.py --device cuda --out bench-out      # several minutes on one H100
 
 Modes are ``EngineConfig`` switches: ``standard`` (the defaults), ``verify-sync``,
-``kv-backup``, ``tp2`` (two logical ranks: sim only) and ``zero-bubble`` when the config
-has a ``zero_bubble`` field. A mode a config rejects is reported as skipped.
+``kv-backup``, ``tp2`` (two logical ranks: sim only), ``zero-bubble``, and the engine
+breadth options ``ring`` (the ring FutureMap), ``tree`` (topk 2), ``prefix-cache`` and
+``forward-thread`` where the config has the field. A mode a config rejects is reported
+as skipped.
 
 Parity sweep. Seed s gives a small config (page size 1/2/4, spec steps 1-4, draft kind,
 running cap, chunk, a tight or a roomy pool) and a generated workload; each mode runs
@@ -16,7 +18,8 @@ compares with the clean non-overlap reference); a run with findings writes a rep
 (``overlapcheck replay FILE``). cuda: ``run_checked`` against a cuda non-overlap run of
 the standard config (floats may differ from the CPU's), the trained model on every fifth
 workload, ``--cuda-seconds`` at most. Each mode's per-request tokens, finish reasons and
-accept lengths are also compared with the standard mode's run (an aborted request: the
+accept lengths (tokens only for ``tree``, whose drafts are its own) are also compared
+with the standard mode's run (an aborted request: the
 common prefix).
 
 Figures. sim: engine steps/s per mode on one thread, oracle model, unchecked (no
@@ -52,6 +55,12 @@ def engine_modes(device: str) -> dict:
     out = {"standard": {}, "verify-sync": {"verify_sync": True}, "kv-backup": {"kv_backup": True}}
     if "zero_bubble" in fields:
         out["zero-bubble"] = {"zero_bubble": True}
+    # the engine breadth options (docs/design.md §4.11-4.14), where the config has them
+    for name, switch in (("ring", ("future_map", "ring")), ("tree", ("topk", 2)),
+                         ("prefix-cache", ("prefix_cache", True)),
+                         ("forward-thread", ("forward_thread", True))):
+        if switch[0] in fields:
+            out[name] = dict((switch,))
     if device_info(device).replayable:     # logical ranks run on the sim
         out["tp2"] = {"tp": 2}
     return out
@@ -68,9 +77,15 @@ def sweep_case(seed: int, model_name: str = "oracle"):
     return cfg, generate(seed, rng.randint(6, 12), cfg, max_prompt=16, max_new=24)
 
 
-def compare(base, got):
-    """None when ``got`` has the standard run's tokens, finish reasons and accept lengths
-    per request (an aborted request: the common prefix), else what differs first."""
+# modes whose drafts differ from the standard mode's by design (a tree proposes more
+# branches): their tokens must equal the standard run's, their accept lengths need not
+OWN_DRAFTS = ("tree",)
+
+
+def compare(base, got, accept: bool = True):
+    """None when ``got`` has the standard run's tokens, finish reasons and (with
+    ``accept``) accept lengths per request (an aborted request: the common prefix), else
+    what differs first."""
     if base is None or got is None:
         return "no result to compare"
     for rid, a in sorted(base.requests.items()):
@@ -84,7 +99,7 @@ def compare(base, got):
             continue
         if (a.tokens, a.finish_reason) != (b.tokens, b.finish_reason):
             return f"request {rid}: {a.finish_reason} {list(a.tokens)} vs {b.finish_reason} {list(b.tokens)}"
-        if a.accept_lens != b.accept_lens:
+        if accept and a.accept_lens != b.accept_lens:
             return f"request {rid}: accept lengths {list(a.accept_lens)} vs {list(b.accept_lens)}"
     return None
 
@@ -139,7 +154,8 @@ def sweep_one(seed, device="sim", modes=None, model_name="oracle", same_device_r
         if name == "standard":
             base = res
         rec["modes"][name] = {"findings": found[:3], "steps": steps, "seconds": time.perf_counter() - t,
-                              "mismatch": None if name == "standard" else compare(base, res),
+                              "mismatch": None if name == "standard" else compare(
+                                  base, res, accept=name not in OWN_DRAFTS),
                               "retractions": res.summary.retractions if res else 0,
                               "aborts": res.summary.aborts if res else 0}
     return rec
