@@ -50,6 +50,57 @@ def _made(composite, *args):
     return hit
 
 
+# The strategies the composites draw from, made once: Hypothesis caches some strategy
+# constructors (integers, booleans, lists) behind a lookup that costs about what the
+# draw does, and makes a new object at every call of others (sampled_from, one_of),
+# whose properties it then works out again (together about a third of drawing a case,
+# docs/design.md §8). The same definitions draw the same choices.
+_BOOL = st.booleans()
+_THREE_IN_FOUR = st.sampled_from((True, True, True, False))
+_ONE_IN_FOUR = st.sampled_from((False, False, False, True))
+_ONE_IN_THREE = st.sampled_from((False, False, True))
+_TP = st.sampled_from((1, 1, 1, 2))
+_HALF = st.sampled_from((False, True))
+_ZERO_BUBBLE_TIGHT = st.sampled_from((False, True, True, True))
+_TWO_IN_FIVE = st.sampled_from((False, False, False, True, True))
+_PAGES = {True: st.sampled_from((1, 2, 4, 8, 16)), False: st.sampled_from((1, 1, 2, 4))}
+_RESERVE = st.sampled_from(RESERVE_RULES)
+_TOKEN = st.integers(0, VOCAB - 1)
+_STOPS = st.lists(_TOKEN, max_size=6)
+_SEED = st.integers(0, 2 ** 16)
+_DELAY = st.one_of(st.integers(0, 3), st.integers(0, 20))
+_KINDS = st.sampled_from(("stalls",) * len(SEEDED_STRATEGIES) + SEEDED_STRATEGIES)
+_SCHEDULE_SEED = st.integers(0, 2 ** 32 - 1)
+_STALLS = st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400),
+                             st.one_of(st.integers(1, 60), st.integers(61, 3000))),
+                   max_size=6)
+_LAG = st.sampled_from((None, None, "forward") + STREAMS)
+_EACH: dict = {}   # (what, its arguments) -> a strategy that depends on them, made once
+
+
+def _each(what: str, make, *args):
+    """``make(*args)``, made once per ``(what, args)``."""
+    key = (what, args)
+    hit = _EACH.get(key)
+    if hit is None:
+        if len(_EACH) >= 4096:
+            _EACH.clear()
+        hit = _EACH[key] = make(*args)
+    return hit
+
+
+def _ints(lo: int, hi: int):
+    return _each("integers", st.integers, lo, hi)
+
+
+def _prompts(lo: int, hi: int):
+    return _each("prompts", lambda a, b: st.lists(_TOKEN, min_size=a, max_size=b), lo, hi)
+
+
+def _max_new(limit: int):
+    return _each("max_new", lambda m: st.one_of(st.integers(1, 24), st.just(m)), limit)
+
+
 @dataclass(frozen=True)
 class Features:
     aborts: bool
@@ -66,13 +117,10 @@ class Features:
 
 @st.composite
 def features(draw) -> Features:
-    b = st.booleans()
+    b = _BOOL
     return Features(aborts=draw(b), stops=draw(b), seeded=draw(b), tight_pool=draw(b),
-                    overlap=draw(st.sampled_from((True, True, True, False))),
-                    spec=draw(st.sampled_from((True, True, True, False))),
-                    tp=draw(st.sampled_from((1, 1, 1, 2))), burst=draw(b),
-                    wide=draw(st.sampled_from((False, False, False, True))),
-                    long=draw(st.sampled_from((False, False, True))))
+                    overlap=draw(_THREE_IN_FOUR), spec=draw(_THREE_IN_FOUR), tp=draw(_TP),
+                    burst=draw(b), wide=draw(_ONE_IN_FOUR), long=draw(_ONE_IN_THREE))
 
 
 @st.composite
@@ -80,47 +128,46 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
             draft_kinds: Optional[Sequence[str]] = None,
             logical_ranks: bool = True) -> EngineConfig:
     wide = feat.wide
-    page = draw(st.sampled_from((1, 2, 4, 8, 16) if wide else (1, 1, 2, 4)))
-    k = draw(st.integers(1, 8 if wide else 4))
+    page = draw(_PAGES[bool(wide)])
+    k = draw(_ints(1, 8 if wide else 4))
     margin = 2 * (k + 1)
-    ctx = draw(st.integers(8, 40))
+    ctx = draw(_ints(8, 40))
     row = -(-(margin + ctx) // page) * page
     # pools from one row and the padding page (barely fits) to 8 rows, or 16 when wide
     # (long prompts take a roomy one: in a tight pool they would run one at a time)
     tight = feat.tight_pool and not feat.long
-    rows = draw(st.integers(1, 2)) if tight else draw(st.integers(3, 16 if wide else 8))
-    pool = page + row * rows + page * draw(st.integers(0, 3))
+    rows = draw(_ints(1, 2)) if tight else draw(_ints(3, 16 if wide else 8))
+    pool = page + row * rows + page * draw(_ints(0, 3))
     # the seeds' variants, each in a quarter of the examples (half when wide)
-    variant = st.sampled_from((False, True) if wide else (False, False, False, True))
-    b = st.booleans()
+    variant = _HALF if wide else _ONE_IN_FOUR
+    b = _BOOL
     cfg = EngineConfig(
         page_size=page, pool_tokens=pool, row_width=row,
-        max_running=draw(st.integers(1, 8 if wide else 6)),
-        chunk_size=draw(st.integers(1, 48) if wide else st.integers(1, 2) if feat.long
-                        else st.integers(2, 32)),
-        spec_steps=k, draft_reserve=draw(st.sampled_from(RESERVE_RULES)),
+        max_running=draw(_ints(1, 8 if wide else 6)),
+        chunk_size=draw(_ints(1, 48) if wide else _ints(1, 2) if feat.long else _ints(2, 32)),
+        spec_steps=k, draft_reserve=draw(_RESERVE),
         overlap=feat.overlap, spec=feat.spec, tp=feat.tp if logical_ranks else 1,
-        draft_kind=draw(st.sampled_from(tuple(draft_kinds or DRAFT_KINDS))),
+        draft_kind=draw(_each("sampled_from", st.sampled_from, tuple(draft_kinds or DRAFT_KINDS))),
         model=draw(_made(_model, models)),
         verify_sync=draw(variant), kv_backup=draw(variant),
         # zero bubble reserves a round more than admission sets aside: in a tight pool,
         # where that presses hardest, three quarters of the examples run it
-        zero_bubble=draw(st.sampled_from((False, True, True, True)) if tight else variant),
-        future_map="ring" if draw(b if wide else st.sampled_from((False, False, True)))
+        zero_bubble=draw(_ZERO_BUBBLE_TIGHT if tight else variant),
+        future_map="ring" if draw(b if wide else _ONE_IN_THREE)
         else "row")
     # tree drafts (docs/design.md §4.12), drawn last so that the draws above stay as they
     # were: in two fifths of the examples whose draft kind, model and schedule have them;
     # the row grows by the tree's margin, the pool by as much per row
     if (cfg.draft_kind in TREE_KINDS and cfg.model in MODELS and not cfg.zero_bubble
-            and draw(st.sampled_from((False, False, False, True, True)))):
-        topk = draw(st.integers(2, 4 if wide else 3))
+            and draw(_TWO_IN_FIVE)):
+        topk = draw(_ints(2, 4 if wide else 3))
         grown = dataclasses.replace(cfg, topk=topk).margin - margin
         extra = -(-grown // page) * page
         cfg = dataclasses.replace(cfg, topk=topk, row_width=row + extra,
                                   pool_tokens=pool + extra * rows)
     # the forward thread (docs/design.md §4.14, one rank), drawn after everything else:
     # in a quarter of the examples
-    if cfg.tp == 1 and draw(st.sampled_from((False, False, False, True))):
+    if cfg.tp == 1 and draw(_ONE_IN_FOUR):
         cfg = dataclasses.replace(cfg, forward_thread=True)
     return cfg
 
@@ -129,34 +176,33 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
 def _model(draw, models: Sequence[str]) -> str:
     """One of ``models``; the oracle is, in a quarter of its examples, the oracle whose
     draft reads the host's sequence lengths (as cheap, and sensitive to stale ones)."""
-    model = draw(st.sampled_from(tuple(models)))
-    if model == "oracle" and draw(st.sampled_from((False, False, False, True))):
+    model = draw(_each("sampled_from", st.sampled_from, tuple(models)))
+    if model == "oracle" and draw(_ONE_IN_FOUR):
         return "oracle-hostlens"
     return model
 
 
 @st.composite
 def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
-    n = draw(st.integers(2 if feat.long else 1, 8))     # long prompts: several of them
+    n = draw(_ints(2 if feat.long else 1, 8))     # long prompts: several of them
     step, reqs, aborts = 0, [], []
     max_prompt = min(16, cfg.max_context - 1)
     # long prompts: from half the context to all of it but the first output token
     lo, hi = (cfg.max_context // 2, cfg.max_context - 1) if feat.long else (1, max_prompt)
     for rid in range(n):
-        step += draw(st.integers(0, 1 if feat.burst else 3))
-        prompt = tuple(draw(st.lists(st.integers(0, VOCAB - 1), min_size=lo, max_size=hi)))
+        step += draw(_ints(0, 1 if feat.burst else 3))
+        prompt = tuple(draw(_prompts(lo, hi)))
         # up to 6 stop ids: a stop inside an accept run (and at its end) is common enough
-        stop = tuple(draw(st.lists(st.integers(0, VOCAB - 1), max_size=6))) if feat.stops else ()
-        seeded = feat.seeded and draw(st.booleans())
+        stop = tuple(draw(_STOPS)) if feat.stops else ()
+        seeded = feat.seeded and draw(_BOOL)
         # some requests run to the context limit: the row boundary is an edge of its own
-        max_new = draw(st.one_of(st.integers(1, 24), st.just(cfg.max_context)))
+        max_new = draw(_max_new(cfg.max_context))
         reqs.append(RequestSpec(rid, step, prompt, max_new, stop,
-                                draw(st.integers(0, 2 ** 16)) if seeded else 0,
+                                draw(_SEED) if seeded else 0,
                                 SEEDED if seeded else GREEDY))
-        if feat.aborts and draw(st.booleans()):
+        if feat.aborts and draw(_BOOL):
             # early aborts land in the admission/prefill window as often as later ones
-            delay = st.one_of(st.integers(0, 3), st.integers(0, 20))
-            aborts.append(AbortAt(rid, step + draw(delay)))
+            aborts.append(AbortAt(rid, step + draw(_DELAY)))
     return Workload(tuple(reqs), tuple(aborts))
 
 
@@ -164,19 +210,18 @@ def workloads(draw, cfg: EngineConfig, feat: Features) -> Workload:
 def schedules(draw) -> ScheduleSpec:
     # explicit stalls in half the examples (eager is stalls with none), a seeded
     # strategy in the other half
-    kind = draw(st.sampled_from(("stalls",) * len(SEEDED_STRATEGIES) + SEEDED_STRATEGIES))
+    kind = draw(_KINDS)
     if kind != "stalls":
-        return ScheduleSpec(kind, draw(st.integers(0, 2 ** 32 - 1)))
-    # short stalls reorder a few ops; long ones keep a stream behind the host across
-    # steps (a late staging copy, a late D2H copy), as a busy GPU does
-    lengths = st.one_of(st.integers(1, 60), st.integers(61, 3000))
-    stalls = draw(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400), lengths),
-                           max_size=6))
+        return ScheduleSpec(kind, draw(_SCHEDULE_SEED))
+    # (stream, first choice point, length) each: short stalls (1-60) reorder a few ops;
+    # long ones (61-3000) keep a stream behind the host across steps (a late staging
+    # copy, a late D2H copy), as a busy GPU does
+    stalls = draw(_STALLS)
     windows = tuple((s, a, a + d) for s, a, d in stalls)
     # a stream that lags the host for the whole run (it retires only what a sync needs),
     # as a GPU's does when the host runs ahead (the forward most often: it computes):
     # the reuse windows stay open every step
-    lag = draw(st.sampled_from((None, None, "forward") + STREAMS))
+    lag = draw(_LAG)
     if lag is not None:
         windows = ((lag, 0, WHOLE_RUN),) + windows
     return ScheduleSpec("stalls", 0, windows)
