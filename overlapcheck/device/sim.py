@@ -21,6 +21,7 @@ from array import array
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ..race import OpInfo
@@ -29,6 +30,11 @@ from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 from .sched import Strategy
 
 KERNEL, RECORD, WAIT, COPY = "kernel", "record", "wait", "copy"
+# torch dtypes whose fresh buffers are made in numpy (the same values and layout)
+_NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+              torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+              torch.float64: np.float64, torch.float32: np.float32,
+              torch.float16: np.float16}
 
 
 class _Op:
@@ -318,7 +324,18 @@ class SimRuntime(Runtime):
     # -- buffers ---------------------------------------------------------------------
     def _fresh(self, shape, dtype, space: str) -> Tuple[torch.Tensor, int]:
         self._mem += 1
-        t = torch.full(tuple(shape), poison_value(dtype), dtype=dtype)
+        np_dtype = _NP_DTYPES.get(dtype)
+        if np_dtype is None:     # no numpy twin of the dtype (bfloat16)
+            return torch.full(tuple(shape), poison_value(dtype), dtype=dtype), self._mem
+        # numpy's memory, filled there: torch.full and then the host twins' numpy view
+        # (Tensor.numpy) cost about twice this, and the view is known from the start
+        a = np.empty(shape, dtype=np_dtype)
+        a.fill(poison_value(dtype))
+        t = torch.from_numpy(a)
+        arrays = self._arrays
+        if len(arrays) >= 512:
+            arrays.clear()
+        arrays[id(t)] = (t, a)
         return t, self._mem
 
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
