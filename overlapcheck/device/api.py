@@ -204,6 +204,8 @@ class Runtime:
         self.launches = 0
         self.choices: List[int] = []   # recorded scheduling decisions (replayable backends)
         self._infos: Dict[tuple, OpInfo] = {}   # (name, frame, copy) -> its OpInfo, shared
+        # (name, id of the calling code, line, copy) -> (that code, the OpInfo): ``_info``
+        self._sites: Dict[tuple, tuple] = {}
         # run kernels' host twins where nothing intercepts (CPU work, no graphed model calls)
         self.host_twins = self.cpu_work and not self.graphs
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
@@ -235,8 +237,26 @@ class Runtime:
 
     def _info(self, name: str, is_copy: bool = False, depth: int = 3) -> OpInfo:
         """The op's ``OpInfo`` (its user frame only with the detector on); equal ones are
-        one shared object (they are immutable)."""
-        key = (name, user_frame(depth) if self.det is not None else "?", is_copy)
+        one shared object (they are immutable). Where the caller's frame is the user's,
+        the op's site is kept per (name, code, line): one lookup per launch."""
+        if self.det is None:
+            frame = "?"
+        else:
+            f = sys._getframe(depth - 1)    # as ``user_frame(depth)`` sees it
+            code = f.f_code
+            site = (name, id(code), f.f_lineno, is_copy)
+            hit = self._sites.get(site)
+            if hit is not None and hit[0] is code:
+                return hit[1]
+            frame = user_frame(depth)
+            if _user_file(code.co_filename) is not None:   # not a walk up the stack
+                info = self._op_info(name, frame, is_copy)
+                self._sites[site] = (code, info)
+                return info
+        return self._op_info(name, frame, is_copy)
+
+    def _op_info(self, name: str, frame: str, is_copy: bool) -> OpInfo:
+        key = (name, frame, is_copy)
         info = self._infos.get(key)
         if info is None:
             info = self._infos[key] = OpInfo(*key)
