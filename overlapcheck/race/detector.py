@@ -219,11 +219,15 @@ class Detector:
             clock = list(self.clocks[ctx])
         n = len(clock)
         epoch = clock[ctx] if ctx < n else 0
+        records = m.records
+        if not records:                  # nothing to check against (common: a fresh block)
+            m.records = [(ctx, epoch, clock, write, rows, op)]
+            return None
         fence = m.fence
         nf = len(fence)
         found = None         # (both rows, previous record) of the race to report
         keep: List[_Rec] = []
-        for prev in m.records:
+        for prev in records:
             pctx, pep, pclock, pwrite, prows, _ = prev
             if prows is None:
                 both = rows
@@ -234,17 +238,17 @@ class Detector:
                 if not both:
                     keep.append(prev)
                     continue
-            before = (pctx == ctx or (clock[pctx] if pctx < n else 0) >= pep
-                      or (fence[pctx] if pctx < nf else 0) >= pep)
-            if not before and (write or pwrite):
-                if (pclock[ctx] if ctx < len(pclock) else 0) < epoch:   # nor after: a race
-                    if found is None or pep >= found[1][1]:
-                        found = (both, prev)
-            # A record ordered before this access, covered by it, and no longer able
-            # to race on its own (a write covers anything; a read covers reads).
-            if (before and (rows is None or (prows is not None and prows <= rows))
-                    and (write or not pwrite)):
-                continue
+            if (pctx == ctx or (clock[pctx] if pctx < n else 0) >= pep
+                    or (fence[pctx] if pctx < nf else 0) >= pep):
+                # Ordered before this access: forgotten when covered by it and no longer
+                # able to race on its own (a write covers anything; a read covers reads).
+                if ((rows is None or (prows is not None and prows <= rows))
+                        and (write or not pwrite)):
+                    continue
+            elif (write or pwrite) and (pclock[ctx] if ctx < len(pclock) else 0) < epoch:
+                # nor after: a race
+                if found is None or pep >= found[1][1]:
+                    found = (both, prev)
             keep.append(prev)
         cur = (ctx, epoch, clock, write, rows, op)
         keep.append(cur)
