@@ -9,6 +9,15 @@ engine's ledger agrees with the events. A *leak* is a slot still owned by a requ
 that finished, aborted or was retracted, or a pending-free slot whose batch was
 processed: it is certain at that step and named by request, purpose, allocating step
 and slots/pages (``Violation.details`` holds them for ``overlapcheck leak-report``).
+
+With the radix prefix cache (docs/design.md §4.13) ownership is shared: a slot may be
+*cached* (``Cached``: the tree took it from a finished request; ``Evicted``: it left,
+pending-free or free), and a cached slot is read by every request that locked it
+(``PrefixLocked`` / ``PrefixReleased``). Then free + owned + pending + cached == total;
+only unlocked slots are evicted; the engine's lock count of each cached slot equals the
+locks the events say live requests hold. Cached slots are not a leak; a lock still held
+when its request finished, aborted or was retracted is (purpose ``prefix-lock``), and so
+is any cached slot still locked at idle.
 """
 from __future__ import annotations
 
@@ -38,6 +47,14 @@ class KVAccounting(Checker):
         self._leaks: List[tuple] = []                          # found this step, not yet reported
         self._reported_idle = False
         self._reported_host = False
+        # the prefix cache: cached slots (writer's owner), lock counts by slot, the lock
+        # each request holds (slots, step), requests whose lock outlived them
+        self.cached: Dict[int, Owner] = {}
+        self.locks: Dict[int, int] = defaultdict(int)
+        self.held: Dict[int, Tuple[Tuple[int, ...], int]] = {}
+        self.lost: Set[int] = set()
+        self._locks_moved = False
+        self._reported_locks: Set[int] = set()
 
     def _v(self, step: int, msg: str, expected: str, seen: str, site: tuple, **details) -> Violation:
         return Violation(self.name, step, msg, expected, seen, site, details)
@@ -47,14 +64,16 @@ class KVAccounting(Checker):
         out = []
         for s in ev.slots:
             prev = self.owned.get(s)
-            if prev is not None or s in self.pending:
+            if prev is not None or s in self.pending or s in self.cached:
                 what = (f"owned by request {prev[0]} ({prev[1]}, allocated at step {prev[2]})"
-                        if prev else f"pending-free until batch {self.pending[s][0]} is processed")
+                        if prev else f"pending-free until batch {self.pending[s][0]} is processed"
+                        if s in self.pending else "held by the prefix cache")
                 out.append(self._v(ev.iteration, f"slot {s} allocated to request {ev.rid} twice",
                                    "a slot is allocated only when it is free",
                                    f"slot {s} given to request {ev.rid} ({ev.purpose}) while {what}",
                                    ("double-allocation", ev.purpose), slot=s, rid=ev.rid))
                 self._drop(s)
+                self.cached.pop(s, None)
             self.owned[s] = (ev.rid, ev.purpose, ev.iteration)
             self.by_rid[ev.rid].add(s)
         return out
@@ -76,6 +95,8 @@ class KVAccounting(Checker):
                 if s in self.pending:
                     seen = f"slot {s} is already pending-free (freed by request {self.pending[s][1][0]})"
                     kind = "double-free"
+                elif s in self.cached:
+                    seen, kind = f"slot {s} is held by the prefix cache", "cached-free"
                 elif own is None:
                     seen, kind = f"slot {s} is not owned by anyone", "double-free"
                 else:
@@ -105,6 +126,127 @@ class KVAccounting(Checker):
                                    ("early-release",), slot=s, rid=p[1][0]))
         return out
 
+    # -- the prefix cache ------------------------------------------------------------------
+    def on_Cached(self, ev: E.Cached) -> List[Violation]:
+        out = []
+        for s in ev.slots:
+            own = self.owned.get(s)
+            if own is None or own[0] != ev.rid:
+                out.append(self._v(ev.iteration, f"request {ev.rid} cached slot {s} it does not own",
+                                   f"request {ev.rid} hands the prefix cache only slots it owns",
+                                   f"slot {s} owned by {own}", ("cache-foreign",), slot=s,
+                                   rid=ev.rid))
+                continue
+            self._drop(s)
+            self.cached[s] = own
+        return out
+
+    def on_Evicted(self, ev: E.Evicted) -> List[Violation]:
+        out = []
+        for s in ev.slots:
+            own = self.cached.pop(s, None)
+            if own is None:
+                out.append(self._v(ev.iteration, f"slot {s} evicted but not cached",
+                                   "only cached slots are evicted", f"slot {s} evicted",
+                                   ("evict-not-cached",), slot=s))
+                continue
+            if self.locks.get(s, 0):
+                holders = sorted(r for r, (sl, _) in self.held.items() if s in sl)
+                out.append(self._v(ev.iteration, f"cached slot {s} evicted while locked",
+                                   "only unlocked cached slots are evicted",
+                                   f"slot {s} locked {self.locks[s]} time(s) (requests "
+                                   f"{holders})", ("evict-locked",), slot=s))
+            if ev.pending:
+                self.pending[s] = (ev.until, own)
+        return out
+
+    def on_PrefixLocked(self, ev: E.PrefixLocked) -> List[Violation]:
+        self._locks_moved = True
+        out = []
+        missing = [s for s in ev.slots if s not in self.cached]
+        if missing:
+            out.append(self._v(ev.iteration, f"request {ev.rid} locked {len(missing)} slots "
+                               f"the prefix cache does not hold", "a matched prefix is cached",
+                               f"slots {span(missing)} not cached", ("lock-not-cached",),
+                               rid=ev.rid, slots=missing))
+        if ev.rid in self.held:
+            out.append(self._v(ev.iteration, f"request {ev.rid} locked a prefix twice",
+                               "one prefix lock per request",
+                               f"already holding slots {span(self.held[ev.rid][0])}",
+                               ("lock-twice",), rid=ev.rid))
+            self._unlock(ev.rid)
+        self.held[ev.rid] = (tuple(ev.slots), ev.iteration)
+        for s in ev.slots:
+            self.locks[s] += 1
+        return out
+
+    def _unlock(self, rid: int) -> Tuple[int, ...]:
+        slots, _ = self.held.pop(rid)
+        for s in slots:
+            self.locks[s] -= 1
+            if not self.locks[s]:
+                del self.locks[s]
+        return slots
+
+    def on_PrefixReleased(self, ev: E.PrefixReleased) -> List[Violation]:
+        self._locks_moved = True
+        if ev.rid not in self.held or ev.rid in self.lost:
+            return [self._v(ev.iteration, f"request {ev.rid} released a prefix lock it does "
+                            f"not hold", "a lock is released once, by its holder",
+                            f"slots {span(ev.slots)} released", ("unlock-not-held",),
+                            rid=ev.rid)]
+        slots = self._unlock(ev.rid)
+        if tuple(ev.slots) != slots:
+            return [self._v(ev.iteration, f"request {ev.rid} released another prefix than "
+                            f"it locked", f"slots {span(slots)}", f"slots {span(ev.slots)}",
+                            ("unlock-other",), rid=ev.rid)]
+        return []
+
+    def _lock_leak(self, ev, cause: str) -> None:
+        """``ev.rid`` ended with its prefix lock held: the lock leaks (its count stays)."""
+        if ev.rid in self.held and ev.rid not in self.lost:
+            self.lost.add(ev.rid)
+            slots, step = self.held[ev.rid]
+            for s in slots:
+                self._leaks.append(((ev.rid, "prefix-lock", step), s, ev.iteration, cause))
+
+    def _cache_step(self, snap, it: int) -> List[Violation]:
+        """The cache's count and, when a lock moved or at idle, the engine's lock counts
+        against the events'; at idle, a cached slot still locked is a leak."""
+        out = []
+        if len(self.cached) != snap.cached:
+            out.append(self._v(it, "prefix cache ledger differs from the events",
+                               f"{len(self.cached)} cached slots (events)",
+                               f"{snap.cached} cached slots (engine)", ("cache-ledger",)))
+        if not (self._locks_moved or snap.idle) or not snap.cached:
+            return out
+        self._locks_moved = False
+        bad = [(s, rid, n) for s, rid, n in snap.cache_ledger
+               if n != self.locks.get(s, 0) and s not in self._reported_locks]
+        if bad:
+            self._reported_locks.update(s for s, _, _ in bad)
+            s, rid, n = bad[0]
+            out.append(self._v(it, f"{len(bad)} cached slots' lock counts differ from the "
+                               f"locks live requests hold", f"slot {s} locked "
+                               f"{self.locks.get(s, 0)} time(s) (events)",
+                               f"locked {n} time(s) in the engine's tree", ("lock-count",),
+                               slots=[b[0] for b in bad]))
+        if snap.idle:
+            locked = [(s, rid, n) for s, rid, n in snap.cache_ledger
+                      if n and s not in self._reported_locks]
+            if locked:
+                self._reported_locks.update(s for s, _, _ in locked)
+                slots = [s for s, _, _ in locked]
+                pages = sorted({s // self.page_size for s in slots})
+                out.append(self._v(it, f"leak: {len(slots)} cached slots still locked at idle "
+                                   f"(no live request holds them)",
+                                   "every cached slot unlocked at idle",
+                                   f"slots {span(slots)} (pages {span(pages)}) locked",
+                                   ("leak", "prefix-lock"), kind="leak", rid=-1,
+                                   purpose="prefix-lock", alloc_step=-1, slots=slots,
+                                   pages=pages, certain_step=it, cause="locked at idle"))
+        return out
+
     # -- rows -----------------------------------------------------------------------------
     def on_RowAssigned(self, ev: E.RowAssigned) -> List[Violation]:
         prev = self.rows.get(ev.row)
@@ -127,6 +269,7 @@ class KVAccounting(Checker):
 
     # -- ends of ownership ------------------------------------------------------------------
     def _gone(self, ev, cause: str) -> List[Violation]:
+        self._lock_leak(ev, cause)
         for s in sorted(self.by_rid.get(ev.rid, ())):
             if s not in self.flagged:
                 self.flagged.add(s)
@@ -158,10 +301,14 @@ class KVAccounting(Checker):
         snap, it = ev.snapshot, ev.iteration
         self.page_size = snap.page_size
         out: List[Violation] = []
-        if snap.free + snap.owned + snap.pending != snap.total:
-            out.append(self._v(it, "pool formula broken", f"free + owned + pending == {snap.total}",
-                               f"free {snap.free} + owned {snap.owned} + pending {snap.pending} "
-                               f"= {snap.free + snap.owned + snap.pending}", ("formula",)))
+        if snap.free + snap.owned + snap.pending + snap.cached != snap.total:
+            cached = f" + cached {snap.cached}" if snap.cached else ""
+            out.append(self._v(it, "pool formula broken",
+                               f"free + owned + pending{' + cached' if cached else ''} == "
+                               f"{snap.total}", f"free {snap.free} + owned {snap.owned} + "
+                               f"pending {snap.pending}{cached} = "
+                               f"{snap.free + snap.owned + snap.pending + snap.cached}",
+                               ("formula",)))
         done = min(snap.inflight) - 1 if snap.inflight else self.launched
         for s, (until, own) in list(self.pending.items()):
             if until <= done and s not in self.flagged:
@@ -177,14 +324,19 @@ class KVAccounting(Checker):
                                    f"committed <= allocated <= row width {snap.row_width}",
                                    f"committed {r.committed}, allocated {r.allocated}",
                                    ("lengths",), rid=r.rid))
+        if snap.cached or self.cached:
+            out += self._cache_step(snap, it)
         out += self._report_leaks()
         if snap.host_total:
             out += self._host_pool(snap, it)
-        if snap.idle and snap.free != snap.total and not self.flagged and not self._reported_idle:
+        if (snap.idle and snap.free + snap.cached != snap.total and not self.flagged
+                and not self._reported_idle):
             self._reported_idle = True
-            out.append(self._v(it, "idle engine with KV still held", f"free == total ({snap.total})",
-                               f"free {snap.free}, owned {snap.owned}, pending {snap.pending}",
-                               ("idle-not-full",)))
+            cached = f", cached {snap.cached}" if snap.cached else ""
+            out.append(self._v(it, "idle engine with KV still held",
+                               f"free{' + cached' if cached else ''} == total ({snap.total})",
+                               f"free {snap.free}, owned {snap.owned}, pending {snap.pending}"
+                               f"{cached}", ("idle-not-full",)))
         return out
 
     def _host_pool(self, snap, it: int) -> List[Violation]:
@@ -235,11 +387,16 @@ class KVAccounting(Checker):
         out = []
         for (rid, purpose, step, certain, cause), slots in sorted(groups.items()):
             pages = sorted({s // self.page_size for s in slots})
+            what = (f"leak: request {rid} kept its lock on {len(slots)} cached slots taken at "
+                    f"step {step} (certain at step {certain}: {cause})"
+                    if purpose == "prefix-lock" else
+                    f"leak: request {rid} lost {len(slots)} {purpose} slots allocated at "
+                    f"step {step} (certain at step {certain}: {cause})")
             out.append(self._v(
-                certain, f"leak: request {rid} lost {len(slots)} {purpose} slots allocated at "
-                f"step {step} (certain at step {certain}: {cause})",
-                f"request {rid} holds no KV after its {cause}" if cause in ("finish", "abort", "retract")
-                else "its slots are free again",
+                certain, what,
+                f"request {rid} releases its prefix lock at its {cause}" if purpose == "prefix-lock"
+                else f"request {rid} holds no KV after its {cause}"
+                if cause in ("finish", "abort", "retract") else "its slots are free again",
                 f"slots {span(slots)} (pages {span(pages)}) still not free", ("leak", purpose),
                 kind="leak", rid=rid, purpose=purpose, alloc_step=step, slots=slots, pages=pages,
                 certain_step=certain, cause=cause))

@@ -12,7 +12,8 @@ from ..faults import FaultSet
 from . import events as E
 from .config import EngineConfig
 from .memory import BACKUP_PURPOSE, PREFILL_PURPOSE, KVPool, RowPool
-from .types import Request
+from .radix import RadixCache, pair_keys
+from .types import LENGTH, STOP, Request
 
 
 class Memory:
@@ -26,6 +27,11 @@ class Memory:
         # request's device pages and released with them (its own ledger)
         self.host = KVPool(cfg) if cfg.kv_backup else None
         self._host_cells: List[Tuple[int, int, int]] = []
+        # the radix prefix cache (docs/design.md §4.13), and the newest processed batch
+        # (batches are processed in launch order): a cached page whose fence is newer
+        # may still be read by a batch in flight
+        self.tree = RadixCache(cfg.page_size) if cfg.prefix_cache else None
+        self.done = -1
 
     def _slots(self, pages: List[int]) -> Tuple[int, ...]:
         return tuple(s for p in pages for s in self.kv.slots(p))
@@ -64,6 +70,78 @@ class Memory:
             self._host_cells += [(req.row, base + i, s) for i, s in enumerate(hslots)]
         return [(req.row, base + i, s) for i, s in enumerate(slots)]
 
+    # -- the prefix cache (docs/design.md §4.13) ---------------------------------------------
+    def hold_prefix(self, toks) -> tuple:
+        """Match the longest cached prefix of a prefill's tokens (all but the last: the
+        prefill must compute one position to sample from) and lock it, so that an
+        eviction for this admission cannot take it; returns (node, pages)."""
+        node, pages = self.tree.match(pair_keys(toks, len(toks) - 1))
+        self._locks_changing()
+        self.tree.lock(node)
+        return node, pages
+
+    def drop_prefix(self, node) -> None:
+        """Undo ``hold_prefix`` of an admission that did not happen (nothing read it)."""
+        self._locks_changing()
+        self.tree.unlock(node, -1)
+
+    def _locks_changing(self) -> None:
+        """Snapshot views of the lock counts read as they were before a lock changes."""
+        if self.kv._views:
+            self.kv._changing()
+
+    def admit_prefix(self, req: Request, node, pages: List[int], it: int, bid: int
+                     ) -> List[Tuple[int, int, int]]:
+        """``req`` (row assigned) reuses the held prefix: its first pages are the tree's;
+        returns the request->token cells to write for them."""
+        req.prefix_node, req.shared, req.pages = node, len(pages), list(pages)
+        slots = self._slots(pages)
+        self.emit(E.PrefixLocked(it, bid, req.rid, slots))
+        return [(req.row, i, s) for i, s in enumerate(slots)]
+
+    def evict(self, n: int, it: int, bid: int) -> None:
+        """Evict unlocked cached pages (least recently used leaves) until ``n`` went or
+        none is left; a page a batch in flight may read is pending-free behind it."""
+        for pages, fence in self.tree.evict(n):
+            until = fence if fence > self.done else None
+            slots = self._slots(pages)
+            if self.kv.uncache(pages, until):
+                self.dev.transfer_slots(slots, None)
+            self.emit(E.Evicted(it, bid, slots, until is not None, until))
+
+    def _leave_tree(self, req: Request, reason: str, until, it: int, bid: int) -> None:
+        """A finished request's committed KV goes to the tree (pages the tree already
+        held are duplicates, freed with the rest); its prefix lock is released. Leaves
+        in ``req.pages`` the request's own pages still to release."""
+        fence = -1 if until is None else until
+        ps, shared = self.ps, req.shared
+        own = req.pages[shared:]
+        if reason in (STOP, LENGTH):
+            toks = req.tokens
+            # positions whose KV holds the request's tokens (a stop cut may leave
+            # accepted KV past the kept output) and whose next token is known
+            n = min(req.committed, len(toks) - 1, len(req.pages) * ps) // ps * ps
+            if n > shared * ps:
+                cand = req.pages[:n // ps]
+                have = self.tree.insert(pair_keys(toks, n), cand, fence) // ps
+                new = cand[max(have, shared):]
+                if new:
+                    self.kv.cache(new, req.rid)
+                    self.emit(E.Cached(it, bid, req.rid, self._slots(new)))
+                    gone = set(new)
+                    own = [p for p in own if p not in gone]
+        node = req.prefix_node
+        if node is not None:
+            late = until is not None and reason in (STOP, LENGTH)
+            if not (late and self.faults.on("lock-late-finish")):
+                # fault lock-late-finish: a finish processed one step late (the request
+                # rides the lagged batch) never releases its prefix lock
+                self._locks_changing()
+                self.tree.unlock(node, fence)
+                self.emit(E.PrefixReleased(it, bid, req.rid, self._slots(req.pages[:shared]),
+                                           until))
+        req.pages, req.shared, req.prefix_node = own, 0, None
+
     def take_host_cells(self) -> List[Tuple[int, int, int]]:
         """The request->host-pool cells allocated since the last call (for the launch)."""
         cells, self._host_cells = self._host_cells, []
@@ -76,6 +154,8 @@ class Memory:
         """Take all memory away from ``req``: its KV pages (pending-free until the
         newest batch it rides is processed) and its row (free at once)."""
         until = max(req.inflight) if req.inflight else None
+        if self.tree is not None:
+            self._leave_tree(req, reason, until, it, bid)
         pages = self._release_range(req, reason, until)
         slots = self._slots(pages)
         freed = self.kv.release(pages, req.rid, until)
@@ -133,6 +213,7 @@ class Memory:
                 self.dev.transfer_host_slots(self._slots(hpages), None)
 
     def on_processed(self, bid: int, it: int) -> None:
+        self.done = bid
         if self.host is not None:
             hpages = self.host.on_processed(bid)
             if hpages:
@@ -148,11 +229,19 @@ class Memory:
         """Pool and rows consistent with the live requests' page lists and rows."""
         self.kv.check_integrity()
         self.rows.check_integrity()
+        if self.tree is not None:
+            self.tree.check_integrity()
+            if self.tree.pages != len(self.kv.cached):
+                raise AssertionError(f"radix tree holds {self.tree.pages} pages, the pool "
+                                     f"counts {len(self.kv.cached)} cached")
         if self.host is not None:
             self.host.check_integrity()
         pages = {}
         for r in live.values():
-            for p in r.pages:
+            for p in r.pages[:r.shared]:
+                if p not in self.kv.cached:
+                    raise AssertionError(f"request {r.rid} shares page {p}, not cached")
+            for p in r.pages[r.shared:]:
                 own = self.kv.owned.get(p)
                 if own is None or own.rid != r.rid:
                     raise AssertionError(f"request {r.rid} lists page {p}, ledger says {own}")
@@ -171,5 +260,7 @@ class Memory:
 
     def is_full(self) -> bool:
         host_full = self.host is None or self.host.free_pages == self.host.total
-        return (self.kv.free_pages == self.kv.total and len(self.rows.free) == self.rows.total
-                and host_full)
+        cached = len(self.kv.cached)
+        unlocked = self.tree is None or not any(self.tree.page_locks().values())
+        return (self.kv.free_pages + cached == self.kv.total and unlocked
+                and len(self.rows.free) == self.rows.total and host_full)

@@ -35,8 +35,11 @@ def tag_columns(model):
     return getattr(model, "kv_tag_columns", None)
 
 
-def canary(kv, table, meta, lens, out, tags, b, prefill):
-    """Forward stream: fill ``out[:b]`` with the canary record of each entry."""
+def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
+    """Forward stream: fill ``out[:b]`` with the canary record of each entry. ``pfx``:
+    the meta column of each entry's shared prefix length (prefix cache), whose slots
+    hold KV another request wrote: there the position and the token digest are checked,
+    not the writer."""
     tok_c, pos_c, rid_c = tags
     m = meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
@@ -46,7 +49,10 @@ def canary(kv, table, meta, lens, out, tags, b, prefill):
     valid = (raw >= 0) & (raw < kv.shape[0])
     slots = torch.where(mask & valid, raw, 0)          # masked cells read the padding slot
     rows = kv[slots]                                   # [b, width, kv_width]
-    bad = mask & (~valid | (rows[..., pos_c] != pos) | (rows[..., rid_c] != m[:, RID, None]))
+    foreign = rows[..., rid_c] != m[:, RID, None]
+    if pfx is not None:
+        foreign = foreign & (pos.unsqueeze(0) >= m[:, pfx, None])
+    bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
     anybad = bad.any(1)
     first = torch.where(anybad, bad.long().argmax(1), 0).unsqueeze(1)
     at = rows.gather(1, first.unsqueeze(2).expand(b, 1, rows.shape[2])).squeeze(1)

@@ -77,6 +77,11 @@ class EngineConfig:
       device's. With overlap the scheduler processes a batch's result while the forward
       thread launches the next batch; without it the scheduler waits for each batch's
       result, so the threads never run side by side. One rank only (``tp`` 1).
+    * ``prefix_cache``: keep a radix tree of committed token prefixes over KV pages, as
+      SGLang's RadixCache does (``engine/radix.py``, docs/design.md §4.13): an admitted
+      request reuses the pages of its longest cached prefix and locks them; a finished
+      request's KV goes to the tree and its lock is released; unlocked leaves are
+      evicted, least recently used first, under memory pressure before any retraction.
     """
 
     page_size: int = 1
@@ -99,6 +104,7 @@ class EngineConfig:
     future_map: str = "row"     # FutureMap indexed by request-pool row or ring slot
     topk: int = 1               # draft candidates kept per depth (> 1: tree drafts, §4.12)
     forward_thread: bool = False  # launches on a forward thread fed through queues (seed 002)
+    prefix_cache: bool = False  # radix prefix cache with lock counts (§4.13)
 
     def __post_init__(self):
         def need(cond: bool, msg: str) -> None:
@@ -111,7 +117,7 @@ class EngineConfig:
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive integer, got {v!r}")
         for name in ("overlap", "spec", "verify_sync", "kv_backup", "zero_bubble",
-                     "backup_canary", "forward_thread"):
+                     "backup_canary", "forward_thread", "prefix_cache"):
             need(isinstance(getattr(self, name), bool),
                  f"{name} must be true or false, got {getattr(self, name)!r}")
         need(self.pool_tokens % self.page_size == 0,

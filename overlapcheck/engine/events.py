@@ -77,6 +77,44 @@ class PendingReleased(Event):
 
 
 @dataclass(frozen=True)
+class PrefixLocked(Event):
+    """Prefix cache (docs/design.md §4.13): admitted request ``rid`` reuses the cached
+    ``slots`` of its matched prefix (positions 0..len-1) and holds one lock on them."""
+
+    rid: RequestId
+    slots: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefixReleased(Event):
+    """``rid`` released its lock on the cached ``slots`` of its matched prefix; ``until``:
+    the newest batch that may still read them (they are not evicted before it is
+    processed), or None."""
+
+    rid: RequestId
+    slots: Tuple[int, ...]
+    until: Optional[BatchId]
+
+
+@dataclass(frozen=True)
+class Cached(Event):
+    """Finished request ``rid``'s ``slots`` went to the prefix cache: the tree owns them."""
+
+    rid: RequestId
+    slots: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Evicted(Event):
+    """Unlocked cached ``slots`` left the prefix cache: ``pending`` until batch ``until``
+    (the newest that may read them) is processed, else free now."""
+
+    slots: Tuple[int, ...]
+    pending: bool
+    until: Optional[BatchId]
+
+
+@dataclass(frozen=True)
 class RowAssigned(Event):
     rid: RequestId
     row: int
@@ -290,8 +328,8 @@ class Snapshot:
     have changed since the previous snapshot — every request but those already
     *settled* then (ended, and in no unprocessed batch: their state never changes
     again) — by id; None where the target does not say (read ``requests``). The
-    reference engine computes ``ledger``, ``pending_slots``, ``requests`` and
-    ``host_ledger`` when first read (``LazyTuple``), so that a checker that reads the
+    reference engine computes ``ledger``, ``pending_slots``, ``requests``,
+    ``host_ledger`` and ``cache_ledger`` when first read (``LazyTuple``), so that a checker that reads the
     per-step delta pays for the delta only."""
 
     total: int
@@ -319,6 +357,10 @@ class Snapshot:
     buffers: Tuple[Tuple[str, int], ...] = ()
     steady_buffers: Tuple[Tuple[str, int], ...] = ()
     live: Optional[Tuple[ReqState, ...]] = None
+    # the prefix cache (docs/design.md §4.13; zero and empty without it): slots the tree
+    # holds, and per cached slot (slot, the request that wrote it, the tree's lock count)
+    cached: int = 0
+    cache_ledger: Tuple[Tuple[int, RequestId, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,16 @@ FSRC, FDST = range(14, 16)
 
 
 def meta_width(cfg) -> int:
-    """Columns of the staged metadata: ``META``, and the ring's two slot columns."""
-    return META + 2 if cfg.future_map == "ring" else META
+    """Columns of the staged metadata: ``META``, the ring's two slot columns, and with
+    the prefix cache the ``pfx_column``."""
+    return (META + 2 if cfg.future_map == "ring" else META) + int(cfg.prefix_cache)
+
+
+def pfx_column(cfg):
+    """With the prefix cache, the meta column of an entry's shared prefix length: its
+    positions ``0..PFX-1`` are cached KV that another request wrote (docs/design.md
+    §4.13); None without it (the metadata keeps its old width)."""
+    return meta_width(cfg) - 1 if cfg.prefix_cache else None
 # prefill token staging columns: row, position, token, request id
 P_ROW, P_POS, P_TOK, P_RID = range(4)
 

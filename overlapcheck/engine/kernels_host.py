@@ -235,7 +235,7 @@ def _digest_factors(width: int):
 
 
 @host_twin(C.canary)
-def canary(kv, table, meta, lens, out, tags, b, prefill):
+def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     tok_c, pos_c, rid_c = tags
     m = meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
@@ -244,7 +244,10 @@ def canary(kv, table, meta, lens, out, tags, b, prefill):
     raw = table[m[:, ROW]]
     valid = (raw >= 0) & (raw < kv.shape[0])
     rows = kv[np.where(mask & valid, raw, 0)]          # [b, width, kv_width]
-    bad = mask & (~valid | (rows[..., pos_c] != pos) | (rows[..., rid_c] != m[:, RID, None]))
+    foreign = rows[..., rid_c] != m[:, RID, None]
+    if pfx is not None:
+        foreign &= pos >= m[:, pfx, None]
+    bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
     anybad = _any(bad, 1)
     first = np.where(anybad, bad.argmax(1), 0)
     at = rows[np.arange(b), first]

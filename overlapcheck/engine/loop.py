@@ -349,11 +349,19 @@ class Engine:
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
             page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
-            live=live, **self._host_pool(), **self._buffers())
+            live=live, **self._host_pool(), **self._buffers(), **self._cache())
 
     def _buffers(self) -> dict:
         """Live runtime buffers and the steady set, for the runtime-memory checker."""
         return {"buffers": self.rt.live_buffers(), "steady_buffers": self.steady_buffers or ()}
+
+    def _cache(self) -> dict:
+        """The prefix cache's slots and lock counts for the snapshot (empty without it)."""
+        tree, kv = self.mem.tree, self.mem.kv
+        if tree is None:
+            return {}
+        return {"cached": len(kv.cached) * self.cfg.page_size,
+                "cache_ledger": kv.view(lambda: kv.cache_rows(tree.page_locks()))}
 
     def _host_pool(self) -> dict:
         """The KV backup's host-pool counts for the snapshot (empty without kv_backup)."""

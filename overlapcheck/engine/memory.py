@@ -6,6 +6,11 @@ touch become *pending-free*, keyed by the newest such batch; they return to the 
 list when that batch's result is processed (``on_processed``). Pages of a request that
 rides no unprocessed batch are freed at once. Request-pool rows are freed at once:
 their reuse is ordered by the WAR barrier on the schedule stream.
+
+With the radix prefix cache (docs/design.md §4.13) a page may also be *cached*: held by
+the tree (``engine/radix.py``), owned by no request, read by every request whose
+matched prefix covers it; it leaves the tree by eviction, pending-free like any other
+page while a batch that may read it is unprocessed.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ class KVPool:
         self.free: List[int] = list(range(self.total, 0, -1))  # a stack: lowest page first
         self.owned: Dict[int, Owner] = {}
         self.pending: Dict[BatchId, Dict[int, Owner]] = {}
+        self.cached: Dict[int, Owner] = {}   # prefix cache: pages the tree holds (§4.13)
         self._views: list = []    # weak references to views of the pool as it is now
 
     # -- views ---------------------------------------------------------------------------
@@ -114,6 +120,39 @@ class KVPool:
         self.free.extend(reversed(pages))
         return list(pages)
 
+    def cache(self, pages: List[int], rid: RequestId) -> None:
+        """``rid``'s pages go to the prefix cache (the tree owns them now)."""
+        if self._views:
+            self._changing()
+        for p in pages:
+            own = self.owned.get(p)
+            if own is None or own.rid != rid:
+                raise ValueError(f"caching of page {p} by request {rid}: owned by {own}")
+            self.cached[p] = self.owned.pop(p)
+
+    def uncache(self, pages: List[int], after: Optional[BatchId]) -> List[int]:
+        """Evicted pages leave the prefix cache: pending-free until batch ``after`` is
+        processed, or free now. Returns the pages freed now."""
+        if self._views:
+            self._changing()
+        for p in pages:
+            if p not in self.cached:
+                raise ValueError(f"eviction of page {p}, which the prefix cache does not hold")
+        if after is not None:
+            bucket = self.pending.setdefault(after, {})
+            for p in pages:
+                bucket[p] = self.cached.pop(p)
+            return []
+        for p in pages:
+            del self.cached[p]
+        self.free.extend(reversed(pages))
+        return list(pages)
+
+    def cache_rows(self, locks: Dict[int, int]) -> tuple:
+        """(slot, writer request, lock count) of the cached slots, by slot."""
+        return tuple((s, self.cached[p].rid, locks.get(p, 0))
+                     for p in sorted(self.cached) for s in self.slots(p))
+
     def on_processed(self, bid: BatchId) -> List[int]:
         """Batch ``bid``'s result is processed: its pending-free pages become free."""
         if self._views:
@@ -135,9 +174,10 @@ class KVPool:
         return out
 
     def check_integrity(self) -> None:
-        """free + owned + pending == total, each page in exactly one place, no padding page."""
+        """free + owned + pending (+ cached) == total, each page in exactly one place, no
+        padding page."""
         seen: Dict[int, str] = {}
-        places = [("free", self.free), ("owned", self.owned)]
+        places = [("free", self.free), ("owned", self.owned), ("cached", self.cached)]
         places += [(f"pending(batch {b})", pages) for b, pages in self.pending.items()]
         for where, pages in places:
             for p in pages:
@@ -149,7 +189,7 @@ class KVPool:
         if len(seen) != self.total:
             raise AssertionError(f"pool accounts for {len(seen)} of {self.total} pages: "
                                  f"free {len(self.free)}, owned {len(self.owned)}, "
-                                 f"pending {self.pending_pages}")
+                                 f"pending {self.pending_pages}, cached {len(self.cached)}")
 
 
 class RowPool:

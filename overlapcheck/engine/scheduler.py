@@ -124,12 +124,24 @@ class Scheduler:
             first = (self.cfg.spec_steps + 1 + self.cfg.num_draft_tokens if self.cfg.tree
                      else 2 * self.cfg.step_tokens)
             need = self.mem.kv.pages_for(len(toks) + first)
+            node, shared = None, []
+            if self.mem.tree is not None:    # prefix cache: reuse, evict for the rest
+                node, shared = self.mem.hold_prefix(toks)
+                need -= len(shared)
+                self._evict(need + held, it, bid)
             if not self.mem.kv.can_allocate(need + held):
+                if node is not None:
+                    self.mem.drop_prefix(node)
                 break
             self.waiting.pop(0)
             self.admitted.append(r.rid)
             r.state, r.prefill_len, r.prefilled = PREFILLING, len(toks), 0
             self.mem.assign_row(r, it, bid)
+            if shared:
+                cells += self.mem.admit_prefix(r, node, shared, it, bid)
+                r.prefilled = len(shared) * self.cfg.page_size
+            elif node is not None:
+                self.mem.drop_prefix(node)
             cells += self.mem.grow(r, len(toks), PREFILL_PURPOSE, it, bid)
             budget -= self._chunk(r, budget, entries)
         if not entries:
@@ -164,9 +176,13 @@ class Scheduler:
             # and the loop runs through the whole running queue, the last request included
             while cands and sum(map(extra, cands)) > kv.free_pages:
                 self.retract(cands.pop(), it, bid)
+        if self.mem.tree is not None:         # prefix cache: evict before retracting
+            self._evict(sum(map(extra, cands)), it, bid)
         while len(cands) > 1 and sum(map(extra, cands)) > kv.free_pages + kv.pending_pages:
             victim = cands.pop()              # the newest admitted
             self.retract(victim, it, bid)
+            if self.mem.tree is not None:     # its prefix may have become evictable
+                self._evict(sum(map(extra, cands)), it, bid)
         entries, cells = [], []
         for r in cands:
             if kv.can_allocate(extra(r)):     # else it sits out until pending pages free
@@ -175,6 +191,13 @@ class Scheduler:
         if not entries:
             return None
         return self._batch(bid, it, DECODE, entries, cells)
+
+    def _evict(self, pages: int, it: int, bid: int) -> None:
+        """Prefix cache: evict cached pages so that free and pending-free pages hold
+        ``pages`` (pending ones come back when the batch that may read them is processed)."""
+        short = pages - self.mem.kv.free_pages - self.mem.kv.pending_pages
+        if short > 0:
+            self.mem.evict(short, it, bid)
 
     def _batch(self, bid: int, it: int, kind: str, entries: List[Entry], cells) -> Batch:
         slots = {0}

@@ -65,6 +65,10 @@ class Request:
     inflight: List[BatchId] = field(default_factory=list)  # S/P: unprocessed batches it rides
     unprocessed_decodes: int = 0                         # S/P
     retractions: int = 0                                 # S
+    # prefix cache (docs/design.md §4.13): the first ``shared`` of ``pages`` are the
+    # tree's, locked through ``prefix_node`` while the request holds them
+    shared: int = 0                                      # S
+    prefix_node: object = None                           # S
 
     @property
     def rid(self) -> RequestId:

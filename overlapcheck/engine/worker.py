@@ -43,6 +43,7 @@ class SpecWorker:
         self.future = make_future_map(cfg, requests)
         # meta columns of the FutureMap slot an entry resolves from / stashes into
         self.src, self.dst = (K.FSRC, K.FDST) if self.future.ring else (K.ROW, K.ROW)
+        self.pfx = K.pfx_column(cfg)     # prefix cache: the shared prefix length column
         self.drafter = make_drafter(cfg.draft_kind, dev, model) if cfg.spec else None
         self.rounds = DraftRounds(dev, model, self.drafter, requests) if cfg.spec else None
         self.declared_syncs = 0
@@ -118,7 +119,9 @@ class SpecWorker:
         for i, e in enumerate(entries):
             meta.append([e.row, e.rid, specs[i][0], specs[i][1], e.start, e.n,
                          int(e.sample), int(e.last), e.next_token, lsum] + rounds[i]
-                        + (list(fut[i]) if ring else []))
+                        + (list(fut[i]) if ring else [])
+                        + ([self.requests[e.rid].shared * dev.cfg.page_size]
+                           if self.pfx is not None else []))
             row, start, rid = e.row, e.start, e.rid
             ptok += [[row, start + j, tok, rid] for j, tok in enumerate(e.tokens)]
         staged = K.table_cells(batch.cells, dev.table.t.shape)
@@ -336,7 +339,8 @@ class SpecWorker:
         dev, rt = self.dev, self.dev.rt
         reads = [dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows), meta]
         rt.launch(dev.fwd, C.canary, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
-                  st.out_can.t, self.tags, len(st.batch.entries), prefill, name="canary",
+                  st.out_can.t, self.tags, len(st.batch.entries), prefill, self.pfx,
+                  name="canary",
                   reads=reads + ([] if prefill else [dev.lens]), writes=[st.out_can])
         if not self.backup_canary or prefill:
             return ["canary"]

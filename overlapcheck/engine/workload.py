@@ -13,7 +13,7 @@ YAML form::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Tuple
 
 from .. import seeds
@@ -39,7 +39,9 @@ class Workload:
 
 def generate(seed: int, n: int, cfg: EngineConfig, vocab: int = 64,
              abort_rate: float = 0.12, max_prompt: int = 24, max_new: int = 40) -> Workload:
-    """``n`` requests with mixed arrivals, stop tokens, sampling modes and aborts."""
+    """``n`` requests with mixed arrivals, stop tokens, sampling modes and aborts. With
+    the prefix cache on (``cfg.prefix_cache``), some requests then share a prefix with an
+    earlier one (``share_prefixes``)."""
     rng = seeds.stream(seed, "workload")
     reqs, aborts, step = [], [], 0
     for rid in range(n):
@@ -52,7 +54,27 @@ def generate(seed: int, n: int, cfg: EngineConfig, vocab: int = 64,
                                 rng.randrange(2 ** 31), sampling))
         if rng.random() < abort_rate:
             aborts.append(AbortAt(rid, step + rng.randint(0, 30)))
+    if getattr(cfg, "prefix_cache", False):
+        reqs = share_prefixes(seed, reqs, min(max_prompt, cfg.max_context - 1))
     return Workload(tuple(reqs), tuple(aborts))
+
+
+def share_prefixes(seed: int, reqs, max_prompt: int, rate: float = 0.5):
+    """Half the requests after the first start with a prefix of an earlier request's
+    prompt (cut to ``max_prompt``) and arrive up to 20 steps later, when the earlier one
+    may have finished and left its KV in the prefix cache. Drawn from a sub-stream of its
+    own, after the other draws, so the rest of the workload is what it was without it."""
+    rng = seeds.stream(seed, "workload-prefix")
+    out = list(reqs)
+    for i in range(1, len(out)):
+        if rng.random() >= rate:
+            continue
+        j = rng.randrange(i)
+        donor = out[j].prompt
+        head = donor[:rng.randint(1, len(donor))]
+        out[i] = replace(out[i], prompt=(head + out[i].prompt)[:max_prompt],
+                         arrival=out[i].arrival + rng.randint(0, 20))
+    return out
 
 
 _REQ_FIELDS = {"id", "arrival", "prompt", "max_new_tokens", "stop", "seed", "sampling"}

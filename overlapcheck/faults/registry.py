@@ -226,6 +226,17 @@ _ENTRIES = (
           "batch",
           "host-race", "forward_thread, overlap, a request in consecutive batches whose "
           "launch reads it (spec drafts, verify sync or the ring FutureMap)"),
+    Fault("lock-late-finish", 24, "engine/accounting.py Memory._leave_tree",
+          "with the radix prefix cache, a finish processed one step late (the request still "
+          "rides the lagged batch launched before its finish was known) inserts the "
+          "request's KV into the tree but skips dec_lock_ref on its matched prefix: the "
+          "path stays locked with no live request, can never be evicted, and the pool "
+          "shrinks by it for good",
+          "SGLang #12224 / #13826 / #19518: radix-cache lock_ref leaks on finish paths the "
+          "overlap scheduler processes a step late (protected size never returns to zero, "
+          "'token_to_kv_pool memory leak' at idle)",
+          "kv-accounting", "prefix_cache, overlap, a request that matched a cached prefix "
+          "and finishes while riding the lagged batch"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}

@@ -55,10 +55,10 @@ class ReferenceTarget(Target):
     def reference_config(self, cfg):
         """The standard schedule: non-overlap, one rank, none of the seed variants
         (zero-bubble, verify sync, KV backup), the row-indexed FutureMap, one host
-        thread, no fault."""
+        thread, no prefix cache, no fault."""
         return dataclasses.replace(cfg, overlap=False, tp=1, zero_bubble=False,
                                    verify_sync=False, kv_backup=False, future_map="row",
-                                   forward_thread=False, faults=())
+                                   forward_thread=False, prefix_cache=False, faults=())
 
     def config_from_dict(self, d: dict):
         """A recorded config; one written before the KV backup's canary existed (no
