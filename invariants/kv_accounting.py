@@ -207,6 +207,7 @@ class KVAccounting(Checker):
         if ev.rid in self.held and ev.rid not in self.lost:
             self.lost.add(ev.rid)
             slots, step = self.held[ev.rid]
+            self._reported_locks.update(slots)     # not reported again at idle
             for s in slots:
                 self._leaks.append(((ev.rid, "prefix-lock", step), s, ev.iteration, cause))
 

@@ -207,8 +207,9 @@ class Memory:
             if self.kv.release(pages, req.rid, until):
                 self.dev.transfer_slots(slots, None)
             self.emit(E.Freed(it, bid, req.rid, slots, "tree", until is not None, until))
-        if self.host is not None and len(req.host_pages) > first:
-            hpages, req.host_pages = req.host_pages[first:], req.host_pages[:first]
+        hfirst = first - req.shared     # host pages back the request's own pages only
+        if self.host is not None and len(req.host_pages) > hfirst:
+            hpages, req.host_pages = req.host_pages[hfirst:], req.host_pages[:hfirst]
             if self.host.release(hpages, req.rid, until):
                 self.dev.transfer_host_slots(self._slots(hpages), None)
 

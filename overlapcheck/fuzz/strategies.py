@@ -10,12 +10,15 @@ accepts); the others keep the narrow ranges, where most bugs need the fewest ste
 variant in a quarter of them and the ring in a third. The schedule is part of the drawn data: by default explicit stalls of
 named streams over choice points (the empty list is the eager schedule), so that
 shrinking minimizes the workload *and* the schedule together; sometimes a seeded
-random, PCT or BUGGIFY strategy for breadth.
+random, PCT or BUGGIFY strategy for breadth. Last of all (so that the draws above are
+what they were before it existed), a third of the examples turn the radix prefix cache
+on, and then about half their requests after the first start with a prefix of an
+earlier request's prompt and arrive up to 24 steps later (``shared_prefixes``).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from hypothesis import strategies as st
@@ -238,5 +241,25 @@ def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
     feat = draw(_made(features))
     cfg = config if config is not None else draw(_made(configs, feat, models, draft_kinds,
                                                        logical_ranks))
-    return Case(cfg, draw(_made(workloads, cfg, feat)), draw(_made(schedules)), tuple(checks),
-                tuple(faults))
+    wl, sched = draw(_made(workloads, cfg, feat)), draw(_made(schedules))
+    if config is None and draw(st.sampled_from((False, False, True))):
+        cfg = replace(cfg, prefix_cache=True)
+    if cfg.prefix_cache:
+        wl = shared_prefixes(draw, cfg, wl)
+    return Case(cfg, wl, sched, tuple(checks), tuple(faults))
+
+
+def shared_prefixes(draw, cfg: EngineConfig, wl: Workload) -> Workload:
+    """With the prefix cache: about half the requests after the first start with a
+    prefix of an earlier request's prompt (cut to the longest prompt the context takes)
+    and arrive up to 24 steps later, when the earlier one may have finished and left its
+    KV in the tree (docs/design.md §4.13)."""
+    reqs = list(wl.requests)
+    for i in range(1, len(reqs)):
+        if not draw(st.booleans()):
+            continue
+        donor = reqs[draw(st.integers(0, i - 1))].prompt
+        head = donor[:draw(st.integers(1, len(donor)))]
+        reqs[i] = replace(reqs[i], prompt=(head + reqs[i].prompt)[:cfg.max_context - 1],
+                          arrival=reqs[i].arrival + draw(st.integers(0, 24)))
+    return Workload(tuple(reqs), wl.aborts)

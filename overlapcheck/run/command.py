@@ -64,6 +64,9 @@ def register(subparsers) -> None:
     p.add_argument("--forward-thread", action="store_true",
                    help="launch batches on a forward thread fed through queues, the two host "
                         "threads interleaved by the sim's schedule (one rank)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="keep a radix tree of committed prefixes over KV pages (lock counts, "
+                        "LRU eviction); generated workloads then share prefixes")
     p.add_argument("--tp", type=_ranks, default=1, metavar="N",
                    help="tensor-parallel ranks (logical ranks on the sim; see --dist)")
     p.add_argument("--dist", action="store_true",
@@ -129,14 +132,15 @@ def _config(args):
                         spec=not args.no_spec, model=args.model, draft_kind=args.draft,
                         tp=args.tp, verify_sync=args.verify_sync, kv_backup=args.kv_backup,
                         zero_bubble=args.zero_bubble, future_map=args.future_map,
-                        topk=args.topk, forward_thread=args.forward_thread)
+                        topk=args.topk, forward_thread=args.forward_thread,
+                        prefix_cache=args.prefix_cache)
 
 
 # the flags that configure the reference engine (``_config``), with their defaults
 _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool_tokens",
                     "row_width", "max_running", "chunk_size", "draft_reserve", "no_overlap",
                     "no_spec", "verify_sync", "kv_backup", "zero_bubble", "future_map", "topk", "tp", "dist",
-                    "cuda_graphs", "access", "forward_thread")
+                    "cuda_graphs", "access", "forward_thread", "prefix_cache")
 
 
 def _target_config(args, target):
