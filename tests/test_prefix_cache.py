@@ -125,6 +125,26 @@ def test_prefix_cache_runs_clean_and_equals_the_engine_without_it(kind, mode):
     assert seen["Cached"] and seen["Evicted"]
 
 
+@pytest.mark.parametrize("kind", ["standalone", "eagle"])
+def test_tree_drafts_on_the_prefix_cache(kind):
+    """Tree drafts (§4.12) release the branches' pages after each verify: never the
+    shared ones, and with the KV backup the host pages by the request's own index."""
+    seen = collections.Counter()
+    for extra in ({}, {"kv_backup": True, "pool_tokens": 64}):
+        cfg = EngineConfig(**{**BASE, "draft_kind": kind, "topk": 2, "row_width": 32,
+                              **extra})
+        plain = dataclasses.replace(cfg, prefix_cache=False, overlap=False, kv_backup=False)
+        for seed in range(2):
+            wl = _wl(cfg, seed)
+            ref = execute(Case(plain, wl, ScheduleSpec("random", seed))).result
+            log = Counts()
+            out = execute(Case(cfg, wl, LAG), log=log)
+            assert out.status == "completed" and not out.findings, out.findings[0].text
+            assert_parity(ref, out.result, f"tree {kind} {extra} seed {seed}")
+            seen.update(log.n)
+    assert seen["PrefixLocked"] and seen["Evicted"]
+
+
 def test_memory_pressure_retracts_requests_that_hold_prefixes():
     cfg = EngineConfig(**{**BASE, "pool_tokens": 60, "zero_bubble": True})
     seen = collections.Counter()
