@@ -26,7 +26,8 @@ from engine_checks import ENGINE_MODES, assert_parity, run_clean
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MODES = {**ENGINE_MODES, "tp2": {"tp": 2}, "ring": {"future_map": "ring"}}
+MODES = {**ENGINE_MODES, "tp2": {"tp": 2}, "ring": {"future_map": "ring"},
+         "forward-thread": {"forward_thread": True}}
 # a pool of about three rows: admissions evict cached prefixes, decodes retract
 BASE = dict(page_size=2, pool_tokens=80, row_width=28, max_running=4, chunk_size=6,
             spec_steps=3, prefix_cache=True)
@@ -109,7 +110,7 @@ def test_prefix_cache_runs_clean_and_equals_the_engine_without_it(kind, mode):
     cfg = EngineConfig(**{**BASE, "draft_kind": kind, **MODES[mode]})
     plain = dataclasses.replace(cfg, prefix_cache=False, overlap=False, tp=1,
                                 zero_bubble=False, kv_backup=False, verify_sync=False,
-                                future_map="row")
+                                future_map="row", forward_thread=False)
     seen = collections.Counter()
     for seed in range(2):
         wl = _wl(cfg, seed)

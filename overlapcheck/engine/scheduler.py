@@ -156,7 +156,8 @@ class Scheduler:
         toks = tuple(r.tokens[start:start + n])
         sample = last and not r.output
         nxt = r.output[-1] if (last and r.output) else -1
-        entries.append(Entry(r.rid, r.row, start, n, sample, last, nxt, toks))
+        entries.append(Entry(r.rid, r.row, start, n, sample, last, nxt, toks,
+                             r.shared * self.cfg.page_size))
         r.prefilled += n
         if last:
             r.state, r.committed = RUNNING, r.prefill_len
@@ -187,7 +188,7 @@ class Scheduler:
         for r in cands:
             if kv.can_allocate(extra(r)):     # else it sits out until pending pages free
                 cells += self.mem.grow(r, self.reserve_tokens(r), purpose, it, bid)
-                entries.append(Entry(r.rid, r.row))
+                entries.append(Entry(r.rid, r.row, shared=r.shared * self.cfg.page_size))
         if not entries:
             return None
         return self._batch(bid, it, DECODE, entries, cells)

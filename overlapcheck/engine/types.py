@@ -97,6 +97,7 @@ class Entry:
     last: bool = False
     next_token: int = -1
     tokens: Tuple[int, ...] = ()
+    shared: int = 0     # prefix cache: positions 0..shared-1 are cached KV (§4.13)
 
 
 @dataclass

@@ -120,8 +120,7 @@ class SpecWorker:
             meta.append([e.row, e.rid, specs[i][0], specs[i][1], e.start, e.n,
                          int(e.sample), int(e.last), e.next_token, lsum] + rounds[i]
                         + (list(fut[i]) if ring else [])
-                        + ([self.requests[e.rid].shared * dev.cfg.page_size]
-                           if self.pfx is not None else []))
+                        + ([e.shared] if self.pfx is not None else []))
             row, start, rid = e.row, e.start, e.rid
             ptok += [[row, start + j, tok, rid] for j, tok in enumerate(e.tokens)]
         staged = K.table_cells(batch.cells, dev.table.t.shape)
