@@ -164,7 +164,9 @@ def configs(draw, feat: Features, models: Sequence[str] = ("oracle",),
     if (cfg.draft_kind in TREE_KINDS and cfg.model in MODELS and not cfg.zero_bubble
             and draw(_TWO_IN_FIVE)):
         topk = draw(_ints(2, 4 if wide else 3))
-        grown = dataclasses.replace(cfg, topk=topk).margin - margin
+        # the tree's margin over the chain's (EngineConfig.margin), computed here: a config
+        # with the new topk and the old row may not be valid (k 4, topk 3, a context of 8)
+        grown = k * (topk - 1)
         extra = -(-grown // page) * page
         cfg = dataclasses.replace(cfg, topk=topk, row_width=row + extra,
                                   pool_tokens=pool + extra * rows)
@@ -242,7 +244,7 @@ def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
     cfg = config if config is not None else draw(_made(configs, feat, models, draft_kinds,
                                                        logical_ranks))
     wl, sched = draw(_made(workloads, cfg, feat)), draw(_made(schedules))
-    if config is None and draw(st.sampled_from((False, False, True))):
+    if config is None and draw(_ONE_IN_THREE):
         cfg = replace(cfg, prefix_cache=True)
     if cfg.prefix_cache:
         wl = shared_prefixes(draw, cfg, wl)
@@ -256,10 +258,10 @@ def shared_prefixes(draw, cfg: EngineConfig, wl: Workload) -> Workload:
     KV in the tree (docs/design.md §4.13)."""
     reqs = list(wl.requests)
     for i in range(1, len(reqs)):
-        if not draw(st.booleans()):
+        if not draw(_BOOL):
             continue
-        donor = reqs[draw(st.integers(0, i - 1))].prompt
-        head = donor[:draw(st.integers(1, len(donor)))]
+        donor = reqs[draw(_ints(0, i - 1))].prompt
+        head = donor[:draw(_ints(1, len(donor)))]
         reqs[i] = replace(reqs[i], prompt=(head + reqs[i].prompt)[:cfg.max_context - 1],
-                          arrival=reqs[i].arrival + draw(st.integers(0, 24)))
+                          arrival=reqs[i].arrival + draw(_ints(0, 24)))
     return Workload(tuple(reqs), wl.aborts)
