@@ -193,3 +193,14 @@ def test_tree_kernels_declare_what_they_touch(kind):
     accesses raise no race report: their declarations hold (docs/design.md §3.4)."""
     cfg = EngineConfig(**{**BASE, "draft_kind": kind, "topk": 2})
     run_clean(cfg, generate(2, 4, cfg, max_prompt=10, max_new=12), 2, "random", access="infer")
+
+
+def test_the_kv_canary_sees_an_accepted_path_left_where_the_tree_put_it(monkeypatch):
+    """Planted: no move after the verify. The accepted path's KV stays at its tree
+    positions, so committed positions hold rejected nodes' KV (another position's), which
+    the next forward's canary reads."""
+    monkeypatch.setattr(K, "tree_compact", lambda *args: None)
+    cfg = EngineConfig(**BASE, topk=3)
+    out = execute(Case(cfg, generate(1, 6, cfg, max_prompt=12, max_new=24),
+                       ScheduleSpec("random", 1)))
+    assert "kv-canary" in {f.checker for f in out.findings}, [f.text for f in out.findings]
