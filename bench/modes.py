@@ -104,9 +104,11 @@ def compare(base, got, accept: bool = True):
     return None
 
 
-def run_one(cfg, wl, seed, device, ref, repro_dir):
+def run_one(cfg, wl, seed, device, ref, repro_dir, accept=True):
     """One checked run: (first lines of its findings, its RunResult, steps). ``ref`` None:
-    ``execute`` on the sim, its own reference; else ``run_checked`` against ``ref``."""
+    ``execute`` on the sim, its own reference; else ``run_checked`` against ``ref``, whose
+    accept lengths parity holds this run to only with ``accept`` (a mode whose drafts
+    are its own, ``OWN_DRAFTS``, is held to its tokens)."""
     if ref is None:
         from overlapcheck.run import Case, ScheduleSpec, execute
         case = Case(cfg, wl, ScheduleSpec("random", seed))
@@ -119,7 +121,7 @@ def run_one(cfg, wl, seed, device, ref, repro_dir):
         return [f.text.splitlines()[0] for f in out.findings], out.result, out.steps
     from overlapcheck.run import run_checked
     run = run_checked(cfg, wl, seed=seed, device=device, model=model(cfg.model), reference=ref,
-                      trace=False)
+                      trace=False, parity_accept=accept)
     if run.status == "crashed":     # the engine's own failure is a finding
         return [run.problems[0].text.splitlines()[0]], None, 0
     found = [str(v).splitlines()[0] for v in run.violations]
@@ -150,7 +152,8 @@ def sweep_one(seed, device="sim", modes=None, model_name="oracle", same_device_r
             rec["modes"][name] = {"skipped": str(e)}
             continue
         t = time.perf_counter()
-        found, res, steps = run_one(cfg, wl, seed, device, ref, repro_dir)
+        found, res, steps = run_one(cfg, wl, seed, device, ref, repro_dir,
+                                    accept=name not in OWN_DRAFTS)
         if name == "standard":
             base = res
         rec["modes"][name] = {"findings": found[:3], "steps": steps, "seconds": time.perf_counter() - t,
