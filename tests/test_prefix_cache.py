@@ -334,3 +334,16 @@ def test_run_prefix_cache_flag(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"]["config"]["prefix_cache"] is True and doc["run"]["status"] == "completed"
     assert doc["violations"] == [] and doc["problems"] == []
+
+
+def test_a_batch_stages_more_cells_than_the_pool_holds():
+    """Three requests admitted in one prefill batch, each adopting a shared prefix, stage
+    more table cells than a pool of 28 slots has (the shared ones are references, not
+    allocations): a 10-minute clean campaign's crash, where the staging buffer was
+    sized by the pool alone."""
+    cfg = EngineConfig(page_size=1, pool_tokens=28, row_width=24, max_running=2, chunk_size=8,
+                       spec_steps=1, zero_bubble=True, prefix_cache=True)
+    wl = Workload((RequestSpec(0, 0, (0,) * 7, 20), RequestSpec(1, 0, (0,), 1),
+                   RequestSpec(2, 0, (0,) * 13, 20), RequestSpec(3, 0, (0,) * 16, 20)))
+    out = execute(Case(cfg, wl, ScheduleSpec("stalls", 0, ())))
+    assert out.status == "completed" and not out.findings, out.findings[0].text

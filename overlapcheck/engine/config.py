@@ -194,7 +194,11 @@ class EngineConfig:
         that staging costs what a step allocates, not the pool's size. A pool of up to
         4096 slots (every config the fuzzer draws) keeps the pool's size: the size of
         the per-step buffers decides which freed blocks the sim hands out, and recorded
-        runs replay as they were."""
+        runs replay as they were. With the prefix cache, a prefill batch also stages the
+        cells of its admissions' shared prefixes — references to the tree's pages, not
+        allocations — up to a row per running request on top."""
         if self.pool_tokens <= 4096:
-            return self.pool_tokens
-        return min(self.pool_tokens, max(4096, self.max_running ** 2 * self.row_width))
+            cells = self.pool_tokens
+        else:
+            cells = min(self.pool_tokens, max(4096, self.max_running ** 2 * self.row_width))
+        return cells + (self.max_running * self.row_width if self.prefix_cache else 0)
