@@ -57,3 +57,19 @@ def check_parity_and_lossless(base: dict, wl, seed, model, what=""):
             continue
         assert (a.tokens, a.accept_lens) == (b.tokens, b.accept_lens), f"parity {what} {rid}"
         assert a.tokens == c.tokens, f"lossless {what} {rid}"
+
+
+def twins_agree(case):
+    """``case`` on the sim with its kernels' host twins and without: the same status,
+    digest, choices, results and findings; the twins' outcome."""
+    from overlapcheck.run import execute
+    outs = []
+    for twins in (True, False):
+        rt = make_runtime("sim", strategy=case.schedule.make(), access="declared")
+        rt.host_twins = twins
+        outs.append(execute(case, runtime=rt))
+    a, b = outs
+    assert a.status == b.status and a.digest == b.digest
+    assert a.choices == b.choices and a.result == b.result
+    assert [f.key for f in a.findings] == [f.key for f in b.findings]
+    return a

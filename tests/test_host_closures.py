@@ -10,9 +10,9 @@ from fake_models.kv_store import kept_sources as kept_torch
 from fake_models.oracle_host import kept_sources as kept_host
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.run import Case, ScheduleSpec, execute
+from overlapcheck.run import Case, ScheduleSpec
 
-from engine_checks import ENGINE_MODES
+from engine_checks import ENGINE_MODES, twins_agree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,18 +23,7 @@ MODES = {
 }
 
 
-def _run(case, twins: bool):
-    rt = make_runtime("sim", strategy=case.schedule.make(), access="declared")
-    rt.host_twins = twins
-    return execute(case, runtime=rt)
-
-
-def _same(case):
-    a, b = _run(case, True), _run(case, False)
-    assert a.status == b.status and a.digest == b.digest
-    assert a.choices == b.choices and a.result == b.result
-    assert [f.key for f in a.findings] == [f.key for f in b.findings]
-    return a
+_same = twins_agree
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
