@@ -132,29 +132,28 @@ class ModelRequest:
         m = self.m
         want = sorted({L + j for L in starts for j in range(1, k + 1)} - set(self.D))
         if want:
-            if self.dkv is None:
-                self.dkv = self._buf(getattr(m, "draft_kv_width", m.kv_width),
-                                     getattr(m, "kv_dtype", torch.int64))
-            top = max(want)
-            self._write(self.dkv, m.write_draft_kv, top, self.dkv_len, self.G)
-            self.dkv_len = max(self.dkv_len, top)
+            self._draft_kv(max(want))
             seeds, seeded = self._q(len(want))
             c = self._ints(want)
             got = m.draft(self.dkv, self.table, torch.zeros_like(c), c, seeds, seeded).tolist()
             self.D.update(zip(want, got))
         return [[self.D[L + j] for j in range(1, k + 1)] for L in starts]
 
-    def _tree_standalone(self, k: int, starts: List[int], topk: int) -> list:
+    def _draft_kv(self, top: int) -> None:
+        """The standalone draft's private KV, written up to position ``top``."""
         m = self.m
-        want = sorted({L + j for L in starts for j in range(1, k + 1)})
         if self.dkv is None:
             self.dkv = self._buf(getattr(m, "draft_kv_width", m.kv_width),
                                  getattr(m, "kv_dtype", torch.int64))
-        top = max(want)
         self._write(self.dkv, m.write_draft_kv, top, self.dkv_len, self.G)
         self.dkv_len = max(self.dkv_len, top)
+
+    def _tree_standalone(self, k: int, starts: List[int], topk: int) -> list:
+        m = self.m
+        want = sorted({L + j for L in starts for j in range(1, k + 1)})
+        self._draft_kv(max(want))
         seeds, seeded = self._q(len(want))
-        c = _ints(want)
+        c = self._ints(want)
         got = m.draft(self.dkv, self.table, torch.zeros_like(c), c, seeds, seeded,
                       topk=topk).tolist()
         D = dict(zip(want, got))
