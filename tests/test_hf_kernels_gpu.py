@@ -86,6 +86,44 @@ def test_rms_norm_and_attention_are_batch_invariant_and_close(T):
     assert torch.allclose(a, O.attend(q, kv, cols, slots, mask, kvh), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("qk_norm,bias", [(False, False), (True, False), (False, True)])
+def test_norms_folded_into_matmuls_are_batch_invariant_and_close(T, qk_norm, bias):
+    """The input norm in the Q|K|V matmul's prologue, the Q and K heads' norms and RoPE in
+    one kernel, the post-attention norm in the gated MLP's prologue: a row alone equals
+    the row in any batch, and each is close to the unfused kernels."""
+    g = torch.Generator().manual_seed(11)
+    d, H, KV, hd, t = 1024, 16, 4, 64, 21
+
+    def w(i, o):
+        return T.prepare((torch.randn(i, o, generator=g) * i ** -0.5).cuda())
+
+    def vec(n, on):
+        return (torch.rand(n, generator=g) + 0.5).cuda() if on else None
+
+    L = T.layer_weights({"wq": w(d, H * hd), "wk": w(d, KV * hd), "wv": w(d, KV * hd),
+                         "ln1": vec(d, True), "bq": vec(H * hd, bias), "bk": vec(KV * hd, bias),
+                         "bv": vec(KV * hd, bias), "qn": vec(hd, qk_norm), "kn": vec(hd, qk_norm)})
+    h = torch.randn(t, d, generator=g).cuda()
+    pos = torch.randint(0, 512, (t,), generator=g).cuda()
+    cos, sin = (x.cuda() for x in O.rope_tables(512, hd, 10000.0))
+    q, kv = T.attention_inputs(h, L, 1e-6, H, KV, hd, pos, cos, sin)
+    assert torch.equal(T.attention_inputs(h, L, 1e-6, H, KV, hd, pos, cos, sin, False)[1], kv)
+    assert torch.equal(T.query(h, L, 1e-6, H, hd, pos, cos, sin), q)
+    for i in (0, 7, 20):
+        qa, kva = T.attention_inputs(h[i:i + 1], L, 1e-6, H, KV, hd, pos[i:i + 1], cos, sin)
+        assert torch.equal(qa[0], q[i]) and torch.equal(kva[0], kv[i]), i
+    x = T.rms_norm(h, L["ln1"], 1e-6)
+    q0 = T.heads(x, L["wq"], L["bq"], L["qn"], H, hd, 1e-6, pos, cos, sin)
+    kv0 = T.kv_rows(x, L, KV, hd, 1e-6, pos, cos, sin)
+    assert (q - q0).abs().max() / q0.abs().max() < 2e-2
+    assert (kv - kv0).abs().max() / kv0.abs().max() < 2e-2
+    wg, wu, ln = w(d, 4096), w(d, 4096), vec(d, True)
+    y = T.norm_gated(h, ln, 1e-6, wg, wu)
+    assert torch.equal(_chunks(lambda r: T.norm_gated(r, ln, 1e-6, wg, wu), h, 5), y)
+    y0 = T.gated(T.rms_norm(h, ln, 1e-6), wg, wu)
+    assert (y - y0).abs().max() / y0.abs().max() < 3e-2
+
+
 @pytest.mark.parametrize("name", ["random:tiny-qwen3", "trained", "random:llama-1b"])
 def test_model_logits_of_a_request_alone_equal_its_logits_in_a_batch(name):
     """Eight requests of different lengths written and read in one batch give the same

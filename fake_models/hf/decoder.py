@@ -86,32 +86,37 @@ class Decoder:
         k = META + 2 * self.kvw * l
         return k, k + self.kvw, k + 2 * self.kvw
 
-    def kv_of(self, W, l: int, x, pos):
-        """Layer ``l``'s KV rows of normed inputs ``x``: rotated K then V, ``[q, 2 kvw]``."""
+    def kv_of_residual(self, W, l: int, h, pos):
+        """Layer ``l``'s KV rows of residual inputs ``h`` (normed by its ``ln1`` first;
+        on the GPU path the norm is the matmul's prologue)."""
         c = self.cfg
-        return W["ops"].kv_rows(x, W["layers"][l], c.num_key_value_heads, c.head_dim,
-                                c.rms_norm_eps, pos, W["cos"], W["sin"])
+        return W["ops"].attention_inputs(h, W["layers"][l], c.rms_norm_eps,
+                                         c.num_attention_heads, c.num_key_value_heads,
+                                         c.head_dim, pos, W["cos"], W["sin"], want_q=False)[1]
 
-    def attention(self, W, l: int, x, kv, cols, slots, mask, pos, residual=None):
-        """Layer ``l``'s attention of queries ``x`` (normed) at ``pos`` over ``kv``'s
-        columns ``cols = (k0, k1, v1)`` of ``slots`` where ``mask`` (``context_slots``),
-        added to ``residual`` when given; ``[q, d]``."""
+    def query(self, W, l: int, h, pos):
+        """Layer ``l``'s rotated query heads of residual inputs ``h`` at ``pos``."""
+        c = self.cfg
+        return W["ops"].query(h, W["layers"][l], c.rms_norm_eps, c.num_attention_heads,
+                              c.head_dim, pos, W["cos"], W["sin"])
+
+    def attend(self, W, l: int, q, kv, cols, slots, mask, residual=None):
+        """Layer ``l``'s attention of the rotated query heads ``q`` over ``kv``'s columns
+        ``cols = (k0, k1, v1)`` of ``slots`` where ``mask`` (``context_slots``), through
+        the output projection, added to ``residual`` when given; ``[q, d]``."""
         c, L, O = self.cfg, W["layers"][l], W["ops"]
-        q = O.heads(x, L["wq"], L["bq"], L["qn"], c.num_attention_heads, c.head_dim,
-                    c.rms_norm_eps, pos, W["cos"], W["sin"])
         a = O.attend(q, kv, cols, slots, mask, c.num_key_value_heads)
         return O.linear(a.reshape(slots.shape[0], -1), L["wo"], residual=residual)
 
     def mlp(self, W, l: int, h):
         L, eps, O = W["layers"][l], self.cfg.rms_norm_eps, W["ops"]
-        x = O.rms_norm(h, L["ln2"], eps)
-        return O.linear(O.gated(x, L["wg"], L["wu"]), L["wd"], residual=h)
+        return O.linear(O.norm_gated(h, L["ln2"], eps, L["wg"], L["wu"]), L["wd"], residual=h)
 
-    def layer(self, W, l: int, h, x, kv, ctx, pos):
-        """Layer ``l`` for queries whose K/V are cached: attention over positions
-        ``0..pos`` of each query's row (``ctx``: their ``context_slots``, the same for
-        every layer), then the MLP; the new residual."""
-        h = self.attention(W, l, x, kv, self.cols(l), ctx[0], ctx[1], pos, residual=h)
+    def layer(self, W, l: int, h, q, kv, ctx):
+        """Layer ``l`` for queries ``q`` (rotated heads) whose K/V are cached: attention
+        over positions ``0..pos`` of each query's row (``ctx``: their ``context_slots``,
+        the same for every layer), then the MLP; the new residual."""
+        h = self.attend(W, l, q, kv, self.cols(l), ctx[0], ctx[1], residual=h)
         return self.mlp(W, l, h)
 
     # -- the interface the model uses ----------------------------------------------------
@@ -129,12 +134,16 @@ class Decoder:
         h = W["embed"][toks]
         n = len(W["layers"])
         ctx = O.context_slots(table, rows, pos) if n > 1 else None
+        c = self.cfg
         for l in range(n):
-            x = O.rms_norm(h, W["layers"][l]["ln1"], eps)
+            # the last layer's queries are never used: its KV rows alone
+            q, rows_kv = O.attention_inputs(h, W["layers"][l], eps, c.num_attention_heads,
+                                            c.num_key_value_heads, c.head_dim, pos, W["cos"],
+                                            W["sin"], want_q=l + 1 < n)
             k0, _, v1 = self.cols(l)
-            store(k0, v1, self.kv_of(W, l, x, pos))
+            store(k0, v1, rows_kv)
             if l + 1 < n:
-                h = self.layer(W, l, h, x, kv, ctx, pos)
+                h = self.layer(W, l, h, q, kv, ctx)
 
     def hidden(self, kv, table, rows, ctx) -> torch.Tensor:
         """Final normed hidden state of the token at ``ctx - 1`` (its K/V cached)."""
@@ -143,8 +152,8 @@ class Decoder:
         pos = ctx - 1
         h = W["embed"][kv[table[rows, pos], TOK].long()]
         ctx = O.context_slots(table, rows, pos)
-        for l, L in enumerate(W["layers"]):
-            h = self.layer(W, l, h, O.rms_norm(h, L["ln1"], eps), kv, ctx, pos)
+        for l in range(len(W["layers"])):
+            h = self.layer(W, l, h, self.query(W, l, h, pos), kv, ctx)
         return O.rms_norm(h, W["norm"], eps)
 
     def logits(self, W, hidden) -> torch.Tensor:

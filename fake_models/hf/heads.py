@@ -77,9 +77,8 @@ class EagleHead(_Head):
         W, fc = self.weights(ekv.device)
         slots = table[rows, pos]
         x = self.fuse(W, fc, toks, feats)
-        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
         meta = torch.stack([toks, pos, rids], 1).to(ekv.dtype)
-        new = torch.cat([meta, x, self.dec.kv_of(W, 0, xn, pos)], 1)
+        new = torch.cat([meta, x, self.dec.kv_of_residual(W, 0, x, pos)], 1)
         store(ekv[:, :self.kv_width], slots, new,
               None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
@@ -89,9 +88,9 @@ class EagleHead(_Head):
         d, kvw = self.d, self.dec.kvw
         x = ekv[table[rows, pos], META:META + d]
         slots, mask = W["ops"].context_slots(table, rows, pos)
-        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
         cols = (META + d, META + d + kvw, META + d + 2 * kvw)
-        h = self.dec.attention(W, 0, xn, ekv, cols, slots, mask, pos, residual=x)
+        h = self.dec.attend(W, 0, self.dec.query(W, 0, x, pos), ekv, cols, slots, mask,
+                            residual=x)
         return self.finish(W, h, seeds, pos + 2, seeded)
 
 
@@ -106,9 +105,8 @@ class MTPHead(_Head):
         x = self.fuse(W, fc, toks, feats)
         slots, mask = W["ops"].context_slots(table, rows, lens - 1)
         tgt = self.model.tdec
-        xn = W["ops"].rms_norm(x, W["layers"][0]["ln1"], self.dec.cfg.rms_norm_eps)
-        h = self.dec.attention(W, 0, xn, kv, tgt.cols(tgt.cfg.num_hidden_layers - 1), slots,
-                               mask, pos, residual=x)
+        h = self.dec.attend(W, 0, self.dec.query(W, 0, x, pos), kv,
+                            tgt.cols(tgt.cfg.num_hidden_layers - 1), slots, mask, residual=x)
         return self.finish(W, h, seeds, pos + 1, seeded)
 
 

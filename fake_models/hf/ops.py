@@ -19,8 +19,8 @@ import torch
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
-__all__ = ["linear", "gated", "prepare", "ExactWeight", "rms_norm", "rope", "rope_tables",
-           "attend_gqa", "attend", "context_slots", "silu", "heads", "kv_rows", "layer_weights"]
+__all__ = ["linear", "gated", "norm_gated", "attention_inputs", "query", "prepare",
+           "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa", "attend", "context_slots", "silu", "heads", "kv_rows", "layer_weights"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
@@ -85,6 +85,11 @@ def linear(x: torch.Tensor, w, b: Optional[torch.Tensor] = None,
 def gated(x: torch.Tensor, wg, wu) -> torch.Tensor:
     """The gated MLP's input to its down projection: ``silu(x @ wg) * (x @ wu)``."""
     return silu(linear(x, wg)) * linear(x, wu)
+
+
+def norm_gated(h: torch.Tensor, ln: torch.Tensor, eps: float, wg, wu) -> torch.Tensor:
+    """``gated`` of ``h``'s RMS-normed rows (one kernel on the GPU path)."""
+    return gated(rms_norm(h, ln, eps), wg, wu)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -154,6 +159,25 @@ def heads(x: torch.Tensor, w, b, norm, n_heads: int, head_dim: int, eps: float,
     if norm is not None:
         y = rms_norm(y, norm, eps)
     return rope(y, pos, cos, sin)
+
+
+def attention_inputs(h: torch.Tensor, L: dict, eps: float, n_heads: int, n_kv: int,
+                     head_dim: int, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     want_q: bool = True):
+    """A layer's attention inputs from its residual ``h``: (the rotated query heads
+    ``[q, n_heads, head_dim]``, or None without ``want_q``; the KV rows of ``kv_rows``),
+    both of ``rms_norm(h, ln1)`` (on the GPU path: one matmul and one RoPE kernel)."""
+    x = rms_norm(h, L["ln1"], eps)
+    q = (heads(x, L["wq"], L["bq"], L["qn"], n_heads, head_dim, eps, pos, cos, sin)
+         if want_q else None)
+    return q, kv_rows(x, L, n_kv, head_dim, eps, pos, cos, sin)
+
+
+def query(h: torch.Tensor, L: dict, eps: float, n_heads: int, head_dim: int,
+          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotated query heads of ``rms_norm(h, ln1)``."""
+    return heads(rms_norm(h, L["ln1"], eps), L["wq"], L["bq"], L["qn"], n_heads, head_dim,
+                 eps, pos, cos, sin)
 
 
 def kv_rows(x: torch.Tensor, L: dict, n_kv: int, head_dim: int, eps: float,

@@ -55,15 +55,32 @@ def prepare(w):
 
 
 @triton.jit
-def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr):
-    """``x[rm] @ w[:, rn]``: bf16 block products accumulated in fp32, K in fixed order."""
+def _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``1 / sqrt(mean(x[rm]**2) + eps)`` per row: each row's sum of squares over blocks
+    of ``BLOCK_K`` columns in a fixed order (nothing another row can change)."""
+    rk = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(x_ptr + rm[:, None] * sx + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        ss += tl.sum(a * a, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``x[rm] @ w[:, rn]``: bf16 block products accumulated in fp32, K in fixed order;
+    with ``NORM``, ``x``'s rows RMS-normed first (``inv`` per row, weight ``n_ptr``)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         a = tl.load(x_ptr + rm[:, None] * sx + kk[None, :],
                     mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        if NORM:
+            a = a * inv[:, None] * tl.load(n_ptr + kk, mask=kk < K, other=0.0)[None, :]
         b = tl.load(w_ptr + kk[:, None] * sw + rn[None, :],
                     mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(a.to(b.dtype), b, acc)
@@ -71,12 +88,16 @@ def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, sx, sw, sy,
-                   HAS_B: tl.constexpr, HAS_R: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy, eps,
+                   HAS_B: tl.constexpr, HAS_R: tl.constexpr, NORM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
+    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+              BLOCK_K)
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_B:
         y = y + tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
@@ -86,12 +107,18 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, sx, sw, sy,
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gated_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, sx, sw, sy,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy, eps,
+                  NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
-    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sw, BLOCK_M, BLOCK_N, BLOCK_K)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
+    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+              BLOCK_K)
+    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+              BLOCK_K)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(y_ptr + rm[:, None] * sy + rn[None, :], y,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -101,9 +128,10 @@ def _rows(x: torch.Tensor, din: int) -> torch.Tensor:
     return x.reshape(-1, din).float().contiguous()
 
 
-def linear(x: torch.Tensor, w, b=None, residual=None) -> torch.Tensor:
+def linear(x: torch.Tensor, w, b=None, residual=None, norm=None, eps: float = 0.0) -> torch.Tensor:
     """``(residual +) x @ w (+ b)`` for ``x [..., din]`` (float32) and a ``Bf16Weight``;
-    float32, bias and residual added in the matmul's epilogue."""
+    float32, bias and residual added in the matmul's epilogue. With ``norm`` (an RMSNorm
+    weight), ``x``'s rows are RMS-normed first, in the matmul's prologue."""
     if not isinstance(w, Bf16Weight):
         w = Bf16Weight(w)
     din, dout = w.shape
@@ -113,27 +141,37 @@ def linear(x: torch.Tensor, w, b=None, residual=None) -> torch.Tensor:
     if m:
         r = None if residual is None else _rows(residual, dout)
         bias = None if b is None else b.float().contiguous()
+        nw = None if norm is None else norm.float().contiguous()
         bn = _bn(dout)
         grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
-        _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r, y,
-                             m, dout, din, flat.stride(0), w.w.stride(0), y.stride(0),
-                             HAS_B=bias is not None, HAS_R=r is not None,
+        _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r,
+                             y if nw is None else nw, y, m, dout, din, flat.stride(0),
+                             w.w.stride(0), y.stride(0), float(eps),
+                             HAS_B=bias is not None, HAS_R=r is not None, NORM=nw is not None,
                              BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
     return y.reshape(*x.shape[:-1], dout)
 
 
-def gated(x: torch.Tensor, wg, wu) -> torch.Tensor:
-    """``silu(x @ wg) * (x @ wu)`` in one kernel (both products share the tile loop)."""
+def gated(x: torch.Tensor, wg, wu, norm=None, eps: float = 0.0) -> torch.Tensor:
+    """``silu(x @ wg) * (x @ wu)`` in one kernel (both products share the tile loop);
+    with ``norm``, of ``x``'s RMS-normed rows (the norm in the prologue)."""
     din, dout = wg.shape
     flat = _rows(x, din)
     m = flat.shape[0]
     y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
     if m:
+        nw = None if norm is None else norm.float().contiguous()
         bn = _bn(dout)
         grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
-        _gated_kernel[grid](flat, wg.w, wu.w, y, m, dout, din, flat.stride(0), wg.w.stride(0),
-                            y.stride(0), BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
+        _gated_kernel[grid](flat, wg.w, wu.w, y if nw is None else nw, y, m, dout, din,
+                            flat.stride(0), wg.w.stride(0), y.stride(0), float(eps),
+                            NORM=nw is not None, BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
     return y.reshape(*x.shape[:-1], dout)
+
+
+def norm_gated(h: torch.Tensor, ln, eps: float, wg, wu) -> torch.Tensor:
+    """``gated(rms_norm(h, ln, eps), wg, wu)``: one kernel, the norm in its prologue."""
+    return gated(h, wg, wu, norm=ln, eps=eps)
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -165,13 +203,16 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["R"])
 def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, y_ptr, R, heads, sx, sy, HALF, eps,
-                 NORM: tl.constexpr, BLOCK: tl.constexpr):
+                 first, NORM: tl.constexpr, BLOCK: tl.constexpr):
     """One head vector per program: (RMSNorm, when ``NORM``, then) rotate-half RoPE.
     Row ``r`` is head ``r % heads`` of token ``r // heads``; a token's heads are ``sx``
-    (``sy``) apart in the source (destination), which may be the same memory."""
+    (``sy``) apart in the source (destination), which may be the same memory. Heads
+    ``0..first-1`` take the norm weight at ``w_ptr``, later ones the next ``2 * HALF``
+    values (a layer's Q and K heads in one launch, each with its own norm)."""
     r = tl.program_id(0)
     t = r // heads
     h = r % heads
+    w_ptr += tl.where(h < first, 0, 2 * HALF)
     p = tl.load(pos_ptr + t)
     d = tl.arange(0, BLOCK)
     ok = d < HALF
@@ -190,14 +231,17 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, y_ptr, R, heads, sx, s
 
 
 def _norm_rope(src: torch.Tensor, dst: torch.Tensor, n_heads: int, head_dim: int, norm, eps,
-               pos, cos, sin) -> None:
+               pos, cos, sin, first: int = None) -> None:
     """``dst[t, h*hd:(h+1)*hd] = rope(norm(src[t, h*hd:...]))`` for ``src``/``dst`` of rows
-    ``[q, >= n_heads * hd]`` with unit column stride (``dst`` may be ``src``)."""
+    ``[q, >= n_heads * hd]`` with unit column stride (``dst`` may be ``src``). With
+    ``first``, ``norm`` holds two weights: the first for heads ``0..first-1``, the second
+    for the rest."""
     q = src.shape[0]
     if q:
         _rope_kernel[(q * n_heads,)](src, pos.contiguous(), cos, sin,
                                      src if norm is None else norm, dst, q * n_heads, n_heads,
                                      src.stride(0), dst.stride(0), head_dim // 2, float(eps),
+                                     n_heads if first is None else first,
                                      NORM=norm is not None,
                                      BLOCK=triton.next_power_of_2(head_dim // 2))
 
@@ -219,12 +263,49 @@ def heads(x, w, b, norm, n_heads: int, head_dim: int, eps: float, pos, cos, sin)
 
 
 def layer_weights(L: dict) -> dict:
-    """A layer's prepared weights plus K and V side by side (``wkv``, ``bkv``): one
-    matmul makes a token's whole KV row."""
+    """A layer's prepared weights plus K and V side by side (``wkv``, ``bkv``: one
+    matmul makes a token's whole KV row) and Q, K and V side by side (``wqkv``,
+    ``bqkv``, and ``qkn``, the Q and K head norms: one matmul and one norm-and-RoPE
+    kernel make a token's query and KV row)."""
     L = dict(L)
     L["wkv"] = Bf16Weight(torch.cat([L["wk"].w, L["wv"].w], 1))
     L["bkv"] = None if L.get("bk") is None else torch.cat([L["bk"], L["bv"]]).float()
+    L["wqkv"] = Bf16Weight(torch.cat([L["wq"].w, L["wk"].w, L["wv"].w], 1))
+    biases = [(L.get(n), L[w].shape[1]) for n, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"))]
+    L["bqkv"] = (None if all(b is None for b, _ in biases) else
+                 torch.cat([L["wq"].w.new_zeros(n, dtype=torch.float32) if b is None
+                            else b.float() for b, n in biases]))
+    # both heads normed (Qwen3) or neither (Llama, Qwen2): one kernel for Q and K
+    L["qkn"] = (torch.cat([L["qn"], L["kn"]]).float().contiguous()
+                if L.get("qn") is not None and L.get("kn") is not None else None)
+    L["fuse_qk"] = (L.get("qn") is None) == (L.get("kn") is None)
     return L
+
+
+def attention_inputs(h, L: dict, eps: float, n_heads: int, n_kv: int, head_dim: int, pos,
+                     cos, sin, want_q: bool = True):
+    """``ops.attention_inputs``: the layer's input norm folded into one matmul (Q, K and
+    V side by side, or K and V alone), then the heads' norms and RoPE in one kernel."""
+    qw = n_heads * head_dim if want_q else 0
+    if want_q and not L["fuse_qk"]:     # one of the two heads normed: two kernels
+        return (query(h, L, eps, n_heads, head_dim, pos, cos, sin),
+                attention_inputs(h, L, eps, n_heads, n_kv, head_dim, pos, cos, sin, False)[1])
+    if want_q:
+        y = linear(h, L["wqkv"], L["bqkv"], norm=L["ln1"], eps=eps)
+        _norm_rope(y, y, n_heads + n_kv, head_dim, L["qkn"], eps, pos, cos, sin, first=n_heads)
+    else:
+        y = linear(h, L["wkv"], L["bkv"], norm=L["ln1"], eps=eps)
+        _norm_rope(y, y, n_kv, head_dim, L["kn"], eps, pos, cos, sin)
+    q = y[:, :qw].view(h.shape[0], n_heads, head_dim) if want_q else None
+    return q, y[:, qw:]
+
+
+def query(h, L: dict, eps: float, n_heads: int, head_dim: int, pos, cos, sin):
+    """``ops.query``: the input norm folded into the Q matmul, then the heads' norm and
+    RoPE."""
+    y = linear(h, L["wq"], L["bq"], norm=L["ln1"], eps=eps)
+    _norm_rope(y, y, n_heads, head_dim, L["qn"], eps, pos, cos, sin)
+    return y.view(h.shape[0], n_heads, head_dim)
 
 
 def kv_rows(x, L: dict, n_kv: int, head_dim: int, eps: float, pos, cos, sin):
