@@ -124,6 +124,19 @@ def test_norms_folded_into_matmuls_are_batch_invariant_and_close(T, qk_norm, bia
     assert (y - y0).abs().max() / y0.abs().max() < 3e-2
 
 
+def test_sampling_tail_in_one_kernel_equals_the_exact_paths(T):
+    """The seeded sampling's integer tail (one Triton kernel) gives the exact path's
+    tokens, negative seeds included."""
+    g = torch.Generator().manual_seed(13)
+    for n, vocab in ((1, 50), (37, 1000), (300, 151936)):
+        logits = torch.randn(n, vocab, generator=g).cuda()
+        seeds = torch.randint(-2 ** 62, 2 ** 62, (n,), generator=g).cuda()
+        pos = torch.randint(0, 4000, (n,), generator=g).cuda()
+        on = (torch.rand(n, generator=g) < 0.7).cuda()
+        assert torch.equal(T.sample(logits, seeds, pos, on, vocab, 30, 2147483647),
+                           O.sample(logits, seeds, pos, on, vocab, 30, 2147483647)), (n, vocab)
+
+
 @pytest.mark.parametrize("name", ["random:tiny-qwen3", "trained", "random:llama-1b"])
 def test_model_logits_of_a_request_alone_equal_its_logits_in_a_batch(name):
     """Eight requests of different lengths written and read in one batch give the same

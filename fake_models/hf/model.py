@@ -9,7 +9,7 @@ from typing import Callable, Dict
 
 import torch
 
-from ..oracle import SEEDED_PERCENT, mix
+from ..oracle import SEEDED_PERCENT, M
 from . import kernels
 from .decoder import Decoder
 from .errors import ModelError
@@ -58,10 +58,8 @@ class HFModel:
     def sample(self, logits, seeds_, positions, seeded) -> torch.Tensor:
         """Greedy argmax; where ``seeded``, another token ``SEEDED_PERCENT``% of the time
         (a pure function of seed, position and the greedy token)."""
-        greedy = logits.argmax(-1)
-        u = mix(seeds_ % 2147483647, positions + 1)
-        other = (greedy + 1 + (u >> 7) % (self.vocab - 1)) % self.vocab
-        return torch.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
+        return kernels.for_device(logits.device).sample(logits, seeds_, positions, seeded,
+                                                        self.vocab, SEEDED_PERCENT, M)
 
     def write_kv(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
         self.tdec.write(kv, table, rows, pos, toks, rids, keep)

@@ -16,11 +16,12 @@ from typing import Optional
 
 import torch
 
+from ..oracle import mix
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
 __all__ = ["linear", "gated", "norm_gated", "attention_inputs", "query", "prepare",
-           "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa", "attend", "context_slots", "silu", "heads", "kv_rows", "layer_weights"]
+           "ExactWeight", "rms_norm", "rope", "rope_tables", "attend_gqa", "sample", "attend", "context_slots", "silu", "heads", "kv_rows", "layer_weights"]
 
 TREE_LIMIT = 1 << 18    # weights with more elements take the per-query matmul
 EXP = dict(degree=9, squarings=6)
@@ -101,6 +102,16 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(x)`` from ``poly_exp`` (``exp(-|x|)``), elementwise and exact-path."""
     e = poly_exp(-x.abs(), **EXP)
     return torch.where(x >= 0, x / (1.0 + e), x * e / (1.0 + e))
+
+
+def sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+           seeded: torch.Tensor, vocab: int, percent: int, modulus: int) -> torch.Tensor:
+    """Greedy argmax; where ``seeded``, another token ``percent``% of the time (a pure
+    function of seed, position and the greedy token: ``fake_models.oracle.mix``)."""
+    greedy = logits.argmax(-1)
+    u = mix(seeds % modulus, positions + 1)
+    other = (greedy + 1 + (u >> 7) % (vocab - 1)) % vocab
+    return torch.where(seeded & (u % 100 < percent), other, greedy)
 
 
 def rope_tables(max_pos: int, head_dim: int, theta: float, llama3=None):

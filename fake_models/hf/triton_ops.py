@@ -316,6 +316,40 @@ def kv_rows(x, L: dict, n_kv: int, head_dim: int, eps: float, pos, cos, sin):
 
 
 @triton.jit(do_not_specialize=["n"])
+def _sample_kernel(g_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab, M: tl.constexpr,
+                   PERCENT: tl.constexpr, BLOCK: tl.constexpr):
+    """``ops.sample``'s integer tail for ``BLOCK`` rows: the seeded token, a pure
+    function of (seed, position, greedy token), where ``seeded`` says so."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    g = tl.load(g_ptr + i, mask=ok, other=0)
+    x = tl.load(seed_ptr + i, mask=ok, other=0) % M
+    x = tl.where(x < 0, x + M, x)          # torch's % is a floor modulo, Triton's truncates
+    y = tl.load(pos_ptr + i, mask=ok, other=0) + 1
+    u = (x * 48271 + (y % M) * 69621 + 12345) % M      # oracle.mix(x, y)
+    u = u ^ (u >> 11)
+    other = (g + 1 + (u >> 7) % (vocab - 1)) % vocab
+    on = tl.load(on_ptr + i, mask=ok, other=0) != 0
+    tl.store(y_ptr + i, tl.where(on & (u % 100 < PERCENT), other, g), mask=ok)
+
+
+def sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+           seeded: torch.Tensor, vocab: int, percent: int, modulus: int) -> torch.Tensor:
+    """``ops.sample`` in two kernels: the argmax, then its integer tail in one."""
+    greedy = logits.argmax(-1)
+    n = greedy.numel()
+    out = torch.empty_like(greedy)
+    if n:
+        shape = greedy.shape
+        flat = lambda t: torch.broadcast_to(t, shape).reshape(-1).contiguous()  # noqa: E731
+        _sample_kernel[(triton.cdiv(n, 128),)](
+            greedy.reshape(-1), flat(seeds).long(), flat(positions).long(),
+            flat(seeded).to(torch.int8), out.view(-1), n, vocab, M=modulus, PERCENT=percent,
+            BLOCK=128)
+    return out
+
+
+@triton.jit(do_not_specialize=["n"])
 def _attend_kernel(q_ptr, kv_ptr, table_ptr, rows_ptr, last_ptr, o_ptr, n, stable, skv, kcol,
                    vcol, HD, scale, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
