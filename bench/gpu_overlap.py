@@ -10,9 +10,12 @@ and batch size. Prints a table and writes ``gpu_overlap.json`` under ``--out``.
 Method (docs/design.md §8.1). A workload of B requests that arrive together (short prompts,
 one prefill batch, outputs to the row's end, no stop tokens) reaches steady decode once
 every request is running; after ``--settle`` more steps, windows of ``--steps`` steps are
-timed, each between two device synchronizations, until two consecutive windows' rates
-agree within ``--tol`` (at most ``--max-windows``); the run's figure is over those last
-two windows (tokens/s = tokens committed / wall time) and the run stops. Modes:
+timed until two consecutive windows' rates agree within ``--tol`` (at most
+``--max-windows``); the run's figure is over those last two windows (tokens/s = tokens
+committed / time) and the run stops. On a GPU a window's time is the device's, from
+events recorded on every stream at its boundaries: nothing drains the pipeline between
+windows (a synchronization there would idle the GPU for a host step at every boundary).
+The collector is off over the windows. Modes:
 ``overlap`` and ``non-overlap`` (no observer, race detector off), ``checked`` (every
 checker; parity against a non-overlap run a few steps longer; detector off) and
 ``checked+detector``. Warm-up rounds (one run of every mode each) go on until every mode's
@@ -73,27 +76,59 @@ class _Done(Exception):
 
 class Window:
     """Wraps ``eng.step``: waits for steady decode and ``settle`` more steps, then times
-    windows of ``steps`` steps, each between two device synchronizations. With
-    ``max_windows`` > 1 it goes on until two consecutive windows' rates agree within ``tol``
-    or ``max_windows`` were timed (docs/design.md §8.1, ``steady.Settle``); the figures are
-    over the last two windows. ``hooks`` (one window): callables "start" (after the first
-    sync), "end" (before the last sync) and "after" (after it)."""
+    windows of ``steps`` steps. With ``max_windows`` > 1 it goes on until two consecutive
+    windows' rates agree within ``tol`` or ``max_windows`` were timed (docs/design.md §8.1,
+    ``steady.Settle``); the figures are over the last two windows. ``hooks`` (one window):
+    callables "start" (after the first sync), "end" (before the last sync) and "after"
+    (after it).
+
+    Between windows nothing drains the pipeline: on a GPU a window boundary records an
+    event on every stream of the runtime (its time is the latest of them, when the work
+    queued by then is done), and a window is judged one window later, once its end
+    events are long done; the device is synchronized only before the first window and
+    after the last. The collector is off over the windows (``gc.collect`` runs before),
+    as serving engines freeze it: a full collection in a window is a host stall of
+    milliseconds that the window would charge to the mode."""
 
     def __init__(self, eng, device, n_req, settle, steps, hooks=None, max_windows=1, tol=0.03):
         self.eng, self.device, self.n_req, self.settle, self.steps = eng, device, n_req, settle, steps
         self.hooks, self.n, self.result = hooks or {}, 0, None
         self.rule = steady.Settle(tol, max_windows) if max_windows > 1 else None
         self.marks = []    # counters at each window boundary, the first window's start first
+        self.gpu = device_info(device).gpu
+        self._gc = gc.isenabled()
         self._step, eng.step = eng.step, self.step
 
     def sync(self):   # the sim runs eagerly: its device work is done at launch
-        if device_info(self.device).gpu:
+        if self.gpu:
             torch.cuda.synchronize()
+
+    def _events(self):
+        """An event recorded now on each of the runtime's streams (None off the GPU)."""
+        if not self.gpu:
+            return None
+        evs = []
+        for s in self.eng.rt.streams:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(s.raw)
+            evs.append(ev)
+        return evs
 
     def counters(self):
         e = self.eng
         return (time.perf_counter(), sum(len(r.output) for r in e.requests.values()), e.rt.syncs,
-                getattr(e.worker, "declared_syncs", 0), self.n)
+                getattr(e.worker, "declared_syncs", 0), self.n, self._events())
+
+    def _seconds(self, a, b) -> float:
+        """Seconds between two boundaries: on a GPU, from the device's events (the latest
+        stream of each boundary; ``b``'s events are done), else the host's clock."""
+        if a[5] is None:
+            return b[0] - a[0]
+        for ev in b[5]:
+            ev.synchronize()
+        ref = a[5][0]
+        return (max(ref.elapsed_time(ev) for ev in b[5])
+                - max(ref.elapsed_time(ev) for ev in a[5])) / 1e3
 
     def steady(self) -> bool:
         reqs = self.eng.requests.values()
@@ -104,6 +139,7 @@ class Window:
             self.settle -= 1
             if self.settle < 0:
                 self.sync()
+                gc.disable()
                 self.hooks.get("start", _nop)()
                 self.marks.append(self.counters())
         self._step()
@@ -119,22 +155,28 @@ class Window:
                 self.marks.append((time.perf_counter(),) + end[1:])
                 self.hooks.get("after", _nop)()
                 return self.finish()
-            end = self.counters()
-            self.sync()
-            self.marks.append((time.perf_counter(),) + end[1:])
-            a, b = self.marks[-2], self.marks[-1]
-            if self.rule.add((b[1] - a[1]) / (b[0] - a[0])) or ended:
+            self.marks.append(self.counters())
+            if len(self.marks) < 3 and not ended:
+                return
+            # the window before the newest: its end events were recorded a window ago
+            a, b = self.marks[-3:-1] if len(self.marks) >= 3 else self.marks[-2:]
+            if self.rule.add((b[1] - a[1]) / self._seconds(a, b)) or ended:
                 self.hooks.get("end", _nop)()
                 self.hooks.get("after", _nop)()
-                return self.finish()
-            self.marks[-1] = self.counters()   # the next window starts after the sync
+                return self.finish(judged=len(self.marks) - (1 if len(self.marks) >= 3 else 0))
 
-    def finish(self):
-        a, b = self.marks[max(0, len(self.marks) - 3)], self.marks[-1]
-        dt, n = b[0] - a[0], b[4] - a[4]
+    def finish(self, judged=None):
+        """The figures over the last two judged windows (the newest one past them ran
+        only to judge them)."""
+        self.sync()
+        if self._gc:
+            gc.enable()
+        end = len(self.marks) if judged is None else judged
+        a, b = self.marks[max(0, end - 3)], self.marks[end - 1]
+        dt, n = self._seconds(a, b), b[4] - a[4]
         self.result = {"steps": n, "seconds": dt, "tokens_per_s": (b[1] - a[1]) / dt,
                        "steps_per_s": n / dt, "syncs_per_step": (b[2] - a[2]) / n,
-                       "declared_per_step": (b[3] - a[3]) / n, "windows": len(self.marks) - 1,
+                       "declared_per_step": (b[3] - a[3]) / n, "windows": end - 1,
                        "settled": self.rule.settled if self.rule else None}
         raise _Done
 
@@ -177,6 +219,9 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     except Halt as h:   # a fatal checker stopped the run
         if not w.result:
             raise SystemExit(f"{name} B={batch} {mode}: stopped before its window: {h}")
+    finally:
+        if w._gc:
+            gc.enable()
     if not w.result:
         raise SystemExit(f"{name} B={batch} {mode}: no steady decode window (raise --row-width?)")
     out = dict(w.result)
