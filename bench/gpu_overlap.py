@@ -29,8 +29,9 @@ end and kept in the JSON (``gpu``, ``gpu_end``).
 Syncs per step: the runtime's count (``rt.syncs``; hidden = beyond the engine's declared
 waits) and, on cuda, the real ones seen by ``torch.cuda.set_sync_debug_mode("warn")`` in a
 separate untimed pass ("unseen": those the runtime did not issue itself, with their call
-sites in the JSON); that pass also runs the profiler, and GPU busy = union of kernel time
-per step / the timed pass's wall time per step. ``--profile`` writes a profiler table of one
+sites in the JSON); that pass also runs the profiler over the same steps the figure was
+timed over (a step's attention grows with its context), and GPU busy = union of kernel
+time per step / the timed pass's time per step. ``--profile`` writes a profiler table of one
 steady step, both modes, where overlap/non-overlap is under ``--profile-below``.
 On cuda, every mode replays the model calls from CUDA graphs (``--graphs on``, the
 default; ``overlapcheck.device.graphs``; ``checked+detector`` feeds the detector from the
@@ -199,7 +200,8 @@ def make_monitor(ref):
     return Monitor(make_checkers((), reference=ref))
 
 
-def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, windows=None):
+def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, windows=None,
+             settle=None):
     """One run of ``mode`` up to the end of its window: (the window's figures, the engine)."""
     from overlapcheck.run import Halt
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
@@ -210,7 +212,8 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
                       graphs=graphs)
     mon = make_monitor(ref) if checked else None
     eng = build_engine(cfg, rt, model, mon)
-    w = Window(eng, args.device, batch, args.settle, steps or args.steps, hooks,
+    w = Window(eng, args.device, batch, args.settle if settle is None else settle,
+               steps or args.steps, hooks,
                args.max_windows if windows is None else windows, args.tol)
     try:
         eng.run(wl)
@@ -237,7 +240,9 @@ def measure(args, name, model, batch) -> dict:
     """docs/design.md §8.1: warm-up rounds until every mode's rate settles, then
     ``--repeat`` rounds in balanced order; medians with their min-max spread."""
     # the parity reference: non-overlap, a few steps past the others' last windows
-    ref = run_mode(args, name, model, batch, "non-overlap", steps=args.steps * args.max_windows + 3,
+    # (a run judges its last window one window later: max_windows + 1 windows at most)
+    ref = run_mode(args, name, model, batch, "non-overlap",
+                   steps=args.steps * (args.max_windows + 1) + 3,
                    windows=1)[1].result()
     modes = [m[0] for m in MODES if m[0] in args.modes]
 
@@ -286,8 +291,13 @@ def observe(args, name, model, batch, rec):
             rec["profiles"][mode] = profile_one_step(args, name, model, batch, mode)
         if not device_info(args.device).gpu:
             continue
+        # the steps the figure was timed over (its last two windows, in the median run):
+        # contexts grow every step, and so does a step's attention time
+        judged = round(statistics.median(rec["modes"][mode]["windows"]))
         watch, prof = obs.SyncWatch(), obs.profiler(args.device)
-        got, _ = run_mode(args, name, model, batch, mode, windows=1, hooks={
+        got, _ = run_mode(args, name, model, batch, mode, windows=1,
+                          settle=args.settle + args.steps * max(0, judged - 2),
+                          steps=args.steps * min(2, max(1, judged)), hooks={
             "start": lambda: (prof.__enter__(), watch.__enter__()),
             "end": lambda: watch.__exit__(None, None, None),
             "after": lambda: prof.__exit__(None, None, None)})
