@@ -25,6 +25,9 @@ class Diverged(Exception):
 class Strategy:
     name = "?"
     seeded = False     # built from a seeded ``random.Random``
+    # ``eager()`` is true at every choice point and ``new_point`` does nothing: the sim
+    # may then run device work when it is queued, if nothing else is (``SimRuntime``)
+    always_eager = False
 
     def new_point(self) -> None:
         """Called once at the start of each choice point."""
@@ -46,6 +49,7 @@ class Eager(Strategy):
     """Retire everything ready at every choice point: every closure runs at once."""
 
     name = "eager"
+    always_eager = True
 
     def choose(self, n, ready, forced):
         return 0 if forced else 1

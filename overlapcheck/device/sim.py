@@ -14,6 +14,12 @@
   same size on that stream; a buffer pledged to other streams with ``record_stream``
   is reused only once the host knows their work queued by the free is done.
 * Every decision is recorded in ``rt.choices``; ``Replay(rt.choices)`` reruns exactly.
+* Direct execution: under a strategy that is eager at every point (``Eager``), with
+  no detector and no trace, work queued while nothing else is queued runs at once:
+  the eager schedule would retire it at the very next host runtime call, before
+  anything else, and host code touches device memory only through those calls. The
+  decision that retire would record, and an exception the work raised, are settled
+  at that next call, so choices, results and failures are the deferred run's.
 """
 from __future__ import annotations
 
@@ -41,8 +47,7 @@ class _Op:
     __slots__ = ("kind", "stream", "seq", "fn", "args", "kwargs", "clock", "info",
                  "declared", "bound", "retired")
 
-    def __init__(self, kind, stream, seq, clock, info, fn=None, args=(), kwargs=None,
-                 declared=None, bound=None):
+    def __init__(self, kind, stream, seq, clock, info, fn, args, kwargs, declared, bound):
         self.kind, self.stream, self.seq = kind, stream, seq
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.clock, self.info, self.declared, self.bound = clock, info, declared, bound
@@ -105,7 +110,24 @@ class SimRuntime(Runtime):
         self.calls = 0  # host runtime calls so far (the sim's logical clock)
         # with ``trace``: (stream, op name, host call at which it retired), in order
         self.retired: List[Tuple[str, str, int]] = []
-        self.trace = False
+        self._trace = False
+        # direct execution (module doc): on for an always-eager strategy, no detector,
+        # no trace; ``_owed``: the stream of work run at once whose retire the next
+        # host call settles (0: none), ``_owed_exc``: what that work raised
+        self._direct = strategy.always_eager and self.det is None
+        self._owed = 0
+        self._owed_exc: Optional[BaseException] = None
+        # the detector is fed as declared, without interception (``_run_closure``)
+        self._declared_only = self.det is not None and self.access == "declared"
+
+    @property
+    def trace(self) -> bool:
+        return self._trace
+
+    @trace.setter
+    def trace(self, on: bool) -> None:
+        self._trace = on
+        self._direct = self.strategy.always_eager and self.det is None and not on
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
@@ -137,6 +159,8 @@ class SimRuntime(Runtime):
     def _point(self) -> None:
         """A choice point: the strategy may retire ready stream heads."""
         self.calls += 1
+        if self._owed:
+            self._settle()
         if not self._pending:
             return
         strategy = self.strategy
@@ -175,6 +199,35 @@ class SimRuntime(Runtime):
                 return
             self._retire(ready[c - 1])
 
+    def _settle(self) -> None:
+        """The choice point after work ran at once: the eager schedule retires it here,
+        the only work queued (decision 1), and its exception comes out here."""
+        self._owed = 0
+        self.choices.append(1)
+        exc = self._owed_exc
+        if exc is not None:
+            self._owed_exc = None
+            raise exc
+
+    def _now(self, q: _Queue, op: _Op) -> None:
+        """Retire ``op`` (just queued on ``q``, nothing else queued) at once: direct
+        execution (module doc)."""
+        q.ret += 1
+        self._owed = q.ctx
+        kind = op.kind
+        try:
+            if kind is KERNEL:
+                self._call(op.fn, op.args, op.kwargs or {})
+            elif kind is COPY:
+                dst, src = op.args
+                dst.t.copy_(src.t)
+            elif kind is WAIT and op.bound.stream is not None:
+                q.waits.append((op.seq, op.bound.stream.ctx, op.bound.seq + 1))
+        except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+            self._owed_exc = e
+            return
+        op.retired = True
+
     def host_choice(self, names) -> int:
         """A host thread switch (docs/design.md §4.14): a choice point for the device
         work too, then, with several threads runnable, a forced decision of the
@@ -193,6 +246,15 @@ class SimRuntime(Runtime):
         """Retire exactly what must retire for every stream ``ctx`` to have retired its
         first ``need[ctx]`` ops, including what those ops wait for. Raises
         ``StuckWait`` when that needs an unset host flag (``why``: the host wait)."""
+        owed = self._owed
+        if owed and need.get(owed, 0) >= self._q[owed].enq:
+            # work this host call queued and ran at once: the only work queued, which
+            # the synchronization retires without a decision
+            self._owed = 0
+            exc = self._owed_exc
+            if exc is not None:
+                self._owed_exc = None
+                raise exc
         changed = True
         while changed:
             changed = False
@@ -266,11 +328,15 @@ class SimRuntime(Runtime):
 
     def _enqueue(self, s: Stream, kind: str, clock, info, fn=None, args=(), kwargs=None,
                  declared=None, bound=None) -> _Op:
-        q = self._q[s.ctx]
+        q = s.raw
         op = _Op(kind, s, q.enq, clock, info, fn, args, kwargs, declared, bound)
         q.enq += 1
-        q.ops.append(op)
-        self._pending += 1
+        if (self._direct and not self._pending
+                and (kind is not WAIT or bound.retired)):
+            self._now(q, op)
+        else:
+            q.ops.append(op)
+            self._pending += 1
         return op
 
     def _named(self, name: str) -> OpInfo:
@@ -282,7 +348,7 @@ class SimRuntime(Runtime):
     # -- streams and events ------------------------------------------------------------
     def new_stream(self, name: str) -> Stream:
         s = super().new_stream(name)
-        q = self._q[s.ctx] = _Queue(s)
+        q = self._q[s.ctx] = s.raw = _Queue(s)     # the sim's stream handle: its queue
         self._queues.append(q)
         return s
 
