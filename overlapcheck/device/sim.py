@@ -167,17 +167,25 @@ class SimRuntime(Runtime):
         strategy.new_point()
         choices, queues = self.choices, self._queues
         if strategy.eager():          # retire every ready head, first ready stream first
-            while True:
-                for q in queues:
-                    ops = q.ops
-                    if ops:
-                        head = ops[0]
-                        if head.kind != WAIT or head.bound.retired:
-                            break
-                else:
-                    return
-                choices.append(1)
-                self._retire(q)
+            # The streams before a ready one stay unready until a record retires (only
+            # a record releases a wait here): the scan resumes where it was otherwise.
+            i, n = 0, len(queues)
+            while i < n:
+                q = queues[i]
+                ops = q.ops
+                if ops:
+                    head = ops[0]
+                    kind = head.kind
+                    if kind is not WAIT or head.bound.retired:
+                        choices.append(1)
+                        self._retire(q)
+                        if not self._pending:
+                            return
+                        if kind is RECORD:
+                            i = 0
+                        continue
+                i += 1
+            return
         choose = strategy.choose
         while True:
             ready, names = [], []
@@ -317,7 +325,7 @@ class SimRuntime(Runtime):
         elif kind == WAIT and op.bound.stream is not None:
             q.waits.append((op.seq, op.bound.stream.ctx, op.bound.seq + 1))
         op.retired = True
-        if self.trace:
+        if self._trace:
             self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
 
     def _queued_clocks(self):
@@ -352,11 +360,16 @@ class SimRuntime(Runtime):
         self._queues.append(q)
         return s
 
+    def new_event(self, name: str = "event") -> Event:
+        ev = super().new_event(name)
+        ev.raw = (self._named(f"record {name}"), self._named(f"wait {name}"))  # its ops' infos
+        return ev
+
     def _raw_record(self, event: Event, stream: Stream, clock) -> _Op:
-        return self._enqueue(stream, RECORD, clock, self._named(f"record {event.name}"))
+        return self._enqueue(stream, RECORD, clock, event.raw[0])
 
     def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
-        self._enqueue(stream, WAIT, clock, self._named(f"wait {event.name}"), bound=event.last)
+        self._enqueue(stream, WAIT, clock, event.raw[1], None, (), None, None, event.last)
 
     def _raw_query(self, event: Event) -> bool:
         rec = event.last
@@ -432,7 +445,8 @@ class SimRuntime(Runtime):
                     break
         if t is None:
             t, mem = self._fresh(shape, dtype, DEVICE)
-        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream), ptr)
+        self._serial += 1
+        return self._register(Buffer(name, t, DEVICE, mem, self._serial, stream), ptr)
 
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         self._point()
@@ -454,13 +468,20 @@ class SimRuntime(Runtime):
 
     # -- device work -------------------------------------------------------------------
     def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
-        """Queue ``fn``; it runs when the stream retires it."""
-        self._enqueue(stream, KERNEL, clock, info, fn=fn, args=args, kwargs=kwargs,
-                      declared=declared)
+        """Queue ``fn``; it runs when the stream retires it (``_enqueue``, inlined: the
+        most frequent op)."""
+        q = stream.raw
+        op = _Op(KERNEL, stream, q.enq, clock, info, fn, args, kwargs, declared, None)
+        q.enq += 1
+        if self._direct and not self._pending:
+            self._now(q, op)
+        else:
+            q.ops.append(op)
+            self._pending += 1
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
-        self._enqueue(stream, COPY, clock, info, args=(dst, src), declared=table)
+        self._enqueue(stream, COPY, clock, info, None, (dst, src), None, table)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)

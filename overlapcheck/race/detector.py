@@ -225,19 +225,13 @@ class Detector:
             return None
         fence = m.fence
         nf = len(fence)
-        found = None         # (both rows, previous record) of the race to report
+        found = None         # the previous record of the race to report
         keep: List[_Rec] = []
         for prev in records:
             pctx, pep, pclock, pwrite, prows, _ = prev
-            if prows is None:
-                both = rows
-            elif rows is None:
-                both = prows
-            else:
-                both = prows & rows
-                if not both:
-                    keep.append(prev)
-                    continue
+            if prows is not None and rows is not None and prows.isdisjoint(rows):
+                keep.append(prev)
+                continue
             if (pctx == ctx or (clock[pctx] if pctx < n else 0) >= pep
                     or (fence[pctx] if pctx < nf else 0) >= pep):
                 # Ordered before this access: forgotten when covered by it and no longer
@@ -247,15 +241,17 @@ class Detector:
                     continue
             elif (write or pwrite) and (pclock[ctx] if ctx < len(pclock) else 0) < epoch:
                 # nor after: a race
-                if found is None or pep >= found[1][1]:
-                    found = (both, prev)
+                if found is None or pep >= found[1]:
+                    found = prev
             keep.append(prev)
         cur = (ctx, epoch, clock, write, rows, op)
         keep.append(cur)
         m.records = keep
         if found is None:
             return None
-        rep = self._report(m, found[0], cur, found[1])
+        prows = found[4]      # the rows both touch
+        both = rows if prows is None else prows if rows is None else prows & rows
+        rep = self._report(m, both, cur, found)
         self.reports.append(rep)
         return rep
 
