@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .oracle import KV_WIDTH, POS, RID, SEEDED_PERCENT, TOK, M
+from .oracle import KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT, TOK, M
 
 FEAT = KV_WIDTH
 _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
@@ -158,6 +158,43 @@ def _rows(*cols):
     return out
 
 
+def ranked(like, o, agrees, vocab: int) -> list:
+    """``oracle.ranked`` (tree drafts' candidates, best first) on arrays."""
+    taken = agrees[0]
+    out = [np.where(taken, like, (like + o) % vocab)]
+    used = 1 - taken * 1
+    for a in agrees[1:]:
+        pick = a & ~taken
+        off = 1 + (o - 1 + used) % (vocab - 1)
+        out.append(np.where(pick, like, (like + off) % vocab))
+        used = used + 1 - pick * 1
+        taken = taken | pick
+    return out
+
+
+_TINY = 16     # up to this many queries, a head's or sample's chain runs on Python ints
+_C1, _C3 = (1 % M) * 69621 + 12345, (3 % M) * 69621 + 12345   # mix(x, 1), mix(x, 3)
+
+
+def _tiny(n, *arrays) -> bool:
+    """Whether the per-query chains may run on Python ints: at most ``_TINY`` queries and
+    every operand a 1-d int64 (or bool) array of ``n`` values (the kernels' case; any
+    other shape takes the array path, which broadcasts or refuses as torch does). Every
+    ``x`` a chain mixes is below 2**31 (a hash ``% M`` or a mix of one), where int64
+    and Python ints agree; the ``y``s enter as ``y % M``, the floor modulo in both."""
+    if n > _TINY:
+        return False
+    for a in arrays:
+        if a.shape != (n,) or not (a.dtype is _I64 or a.dtype == np.bool_):
+            return False
+    return True
+
+
+def _stack(cols):
+    """``torch.stack(cols, 1)`` of equal-shaped 1-d columns."""
+    return np.stack(cols, 1)
+
+
 class OracleHost:
     """``OracleModel``'s methods on numpy arrays (see the module docstring)."""
 
@@ -191,12 +228,109 @@ class OracleHost:
         return np.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy), u
 
     def target(self, kv, table, rows, ctx_lens, seeds, seeded):
-        return self.sample(self.context_hash(kv, table, rows, ctx_lens), seeds, ctx_lens, seeded)
+        raw = raw_hash(kv, table, rows, ctx_lens)
+        if _tiny(raw.shape[0], ctx_lens, seeds, seeded):
+            return np.array(self._targets(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
+                                          seeded.tolist()), dtype=np.int64)
+        return self.sample(mix(raw, ctx_lens), seeds, ctx_lens, seeded)
 
-    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded):
-        h = self.context_hash(draft_kv, table, rows, ctx_lens)
+    def _targets(self, raws, cs, ss, sds) -> list:
+        """``sample(mix(raw, c), s, c, sd)`` per query, on Python ints."""
+        V, out = self.vocab, []
+        for r, c, s, sd in zip(raws, cs, ss, sds):
+            cm = (c % M) * 69621 + 12345
+            t = (r * 48271 + cm) % M
+            h = t ^ (t >> 11)
+            t = (h * 48271 + _C1) % M
+            tok = (t ^ (t >> 11)) % V
+            if sd:
+                t = (h * 48271 + (s % M) * 69621 + 12345) % M
+                u = t ^ (t >> 11)
+                t = (u * 48271 + cm) % M
+                u = t ^ (t >> 11)
+                if u % 100 < SEEDED_PERCENT:
+                    tok = (u >> 7) % V
+            out.append(tok)
+        return out
+
+    def _drafts(self, raws, cs, ss, sds) -> list:
+        """``draft``'s chain tokens per query, on Python ints (see ``draft``)."""
+        V, A, out = self.vocab, self.agreement, []
+        ca = _MIX.get(self.salt + 7)
+        if ca is None:
+            ca = _MIX[self.salt + 7] = ((self.salt + 7) % M) * 69621 + 12345
+        for r, c, s, sd in zip(raws, cs, ss, sds):
+            cm = (c % M) * 69621 + 12345
+            t = (r * 48271 + cm) % M
+            h = t ^ (t >> 11)
+            t = (h * 48271 + _C1) % M
+            like = (t ^ (t >> 11)) % V
+            t = (h * 48271 + (s % M) * 69621 + 12345) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + cm) % M
+            u = t ^ (t >> 11)
+            if sd and u % 100 < SEEDED_PERCENT:
+                like = (u >> 7) % V
+            t = (u * 48271 + ca) % M
+            if (t ^ (t >> 11)) % 100 >= A:
+                t = (h * 48271 + _C3) % M
+                like = (like + 1 + (t ^ (t >> 11)) % (V - 1)) % V
+            out.append(like)
+        return out
+
+    def _head_tokens(self, g, seen, p, seeds, seeded):
+        """A chain head's draft tokens: ``_agree(sample(mix(g, p), seeds, p, seeded),
+        mix(seen, g, seeds, p))``, per query on Python ints where ``_tiny``."""
+        if not _tiny(g.shape[0], g, seen, p, seeds, seeded):
+            like = self.sample(mix(g, p), seeds, p, seeded)
+            return self._agree(like, mix(seen, g, seeds, p))
+        V, A, out = self.vocab, self.agreement, []
+        ca = _MIX.get(self.salt + 11)
+        if ca is None:
+            ca = _MIX[self.salt + 11] = ((self.salt + 11) % M) * 69621 + 12345
+        for x, e, q, s, sd in zip(g.tolist(), seen.tolist(), p.tolist(), seeds.tolist(),
+                                  seeded.tolist()):
+            pm = (q % M) * 69621 + 12345
+            sm = (s % M) * 69621 + 12345
+            t = (x * 48271 + pm) % M
+            h = t ^ (t >> 11)
+            t = (h * 48271 + _C1) % M
+            like = (t ^ (t >> 11)) % V
+            if sd:
+                t = (h * 48271 + sm) % M
+                u = t ^ (t >> 11)
+                t = (u * 48271 + pm) % M
+                u = t ^ (t >> 11)
+                if u % 100 < SEEDED_PERCENT:
+                    like = (u >> 7) % V
+            t = (e * 48271 + (x % M) * 69621 + 12345) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + sm) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + pm) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + ca) % M
+            if (t ^ (t >> 11)) % 100 >= A:
+                t = (u * 48271 + _C3) % M
+                like = (like + 1 + (t ^ (t >> 11)) % (V - 1)) % V
+            out.append(like)
+        return np.array(out, dtype=np.int64)
+
+    def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded, topk: int = 1):
+        if topk == 1:
+            raw = raw_hash(draft_kv, table, rows, ctx_lens)
+            if _tiny(raw.shape[0], ctx_lens, seeds, seeded):
+                return np.array(self._drafts(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
+                                             seeded.tolist()), dtype=np.int64)
+            h = mix(raw, ctx_lens)
+        else:
+            h = self.context_hash(draft_kv, table, rows, ctx_lens)
         like, u = self._sample(h, seeds, ctx_lens, seeded, need_u=True)
         agree = mix(u, self.salt + 7) % 100 < self.agreement   # mix(h, seeds, ctx_lens, salt + 7)
+        if topk > 1:
+            agrees = [agree] + [mix(u, self.salt + 7 + RANK_SALT * r) % 100 < self.agreement
+                                for r in range(1, topk)]
+            return _stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees, self.vocab))
         other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
         return np.where(agree, like, other)
 
@@ -205,7 +339,11 @@ class OracleHost:
         other = (drafts + 1 + mix(drafts % M, cut, 5) % (self.vocab - 1)) % self.vocab
         return np.where(cut > 0, other, drafts)
 
-    def _agree(self, like, u):
+    def _agree(self, like, u, topk: int = 1):
+        if topk > 1:
+            agrees = [mix(u, self.salt + 11 + RANK_SALT * r) % 100 < self.agreement
+                      for r in range(topk)]
+            return _stack(ranked(like, 1 + mix(u, 3) % (self.vocab - 1), agrees, self.vocab))
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
         return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
 
@@ -215,18 +353,20 @@ class OracleHost:
         new = _rows(toks, pos, rids, feats[:, 0])
         store(ekv, slots, new, None if keep is None else kept_sources(ekv.shape[0], slots, keep))
 
-    def eagle_out(self, ekv, table, rows, pos, seeds, seeded):
+    def eagle_out(self, ekv, table, rows, pos, seeds, seeded, topk: int = 1):
         row = ekv[table[rows, pos]]
         g = (row[:, FEAT] + term(row[:, TOK], pos + 1)) % M
-        like = self.sample(mix(g, pos + 2), seeds, pos + 2, seeded)
         seen = hash_columns(ekv, table, rows, pos + 1, (TOK, FEAT))
-        return g[:, None], self._agree(like, mix(seen, g, seeds, pos + 2))
+        if topk == 1:
+            return g[:, None], self._head_tokens(g, seen, pos + 2, seeds, seeded)
+        like = self.sample(mix(g, pos + 2), seeds, pos + 2, seeded)
+        return g[:, None], self._agree(like, mix(seen, g, seeds, pos + 2), topk)
 
     def mtp_step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
         g = (feats[:, 0] + term(toks, pos)) % M
-        like = self.sample(mix(g, pos + 1), seeds, pos + 1, seeded)
         seen = hash_columns(kv, table, rows, lens, (TOK,))
-        return g[:, None], self._agree(like, mix(seen, g, seeds, pos + 1))
+        return g[:, None], self._head_tokens(g, seen, pos + 1, seeds, seeded)
 
 
-__all__ = ["OracleHost", "mix", "term", "raw_hash", "kept_sources", "store", "POS", "RID"]
+__all__ = ["OracleHost", "mix", "term", "raw_hash", "kept_sources", "store", "ranked", "POS",
+           "RID"]

@@ -10,7 +10,7 @@ from fake_models.kv_store import kept_sources as kept_torch
 from fake_models.oracle_host import kept_sources as kept_host
 from overlapcheck.device import make_runtime
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.run import Case, ScheduleSpec
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, twins_agree
 
@@ -35,6 +35,59 @@ def test_twins_give_the_kernels_runs(mode, kind, model):
     wl = generate(3, 6, cfg, max_prompt=12, max_new=16)
     out = _same(Case(cfg, wl, ScheduleSpec("random", 5)))
     assert out.status == "completed" and not out.findings
+
+
+TREE_MODES = {"overlap": {}, "no-overlap": {"overlap": False}, "kv-backup": {"kv_backup": True},
+              "ring": {"future_map": "ring"}, "tight-pool": {"pool_tokens": 128, "max_running": 4}}
+
+
+@pytest.mark.parametrize("mode", sorted(TREE_MODES))
+@pytest.mark.parametrize("kind", ["standalone", "eagle"])
+@pytest.mark.parametrize("model", ["oracle", "oracle-hostlens"])
+def test_twins_give_the_kernels_tree_runs(mode, kind, model):
+    cfg = EngineConfig(**{"row_width": 48, "pool_tokens": 256, "draft_kind": kind, "topk": 3,
+                          "spec_steps": 3, "model": model, **TREE_MODES[mode]})
+    wl = generate(3, 6, cfg, max_prompt=12, max_new=16)
+    out = _same(Case(cfg, wl, ScheduleSpec("random", 5)))
+    assert out.status == "completed" and not out.findings
+
+
+def test_tree_twins_run():
+    """The tree kernels' twins run (none falls back to its torch kernel): a twin that
+    always failed would pass the agreement tests above on the kernels alone."""
+    from overlapcheck.engine import kernels_host as KH
+    ran, real = [], {}
+    for name in ("tree_draft_step", "tree_verify", "tree_accept", "tree_compact",
+                 "tree_eagle_resolve", "tree_eagle_step", "eagle_extend", "eagle_prefill"):
+        fn = getattr(KH, name)
+        kernel = next(k for k in _kernels() if getattr(k, "host_twin", None) is fn)
+        real[kernel] = fn
+
+        def spy(*a, _fn=fn, _name=name, **k):
+            out = _fn(*a, **k)
+            ran.append(_name)
+            return out
+        kernel.host_twin = spy
+    try:
+        for kind in ("standalone", "eagle"):
+            cfg = EngineConfig(row_width=48, pool_tokens=256, draft_kind=kind, topk=2,
+                               spec_steps=3)
+            wl = generate(2, 4, cfg, max_prompt=12, max_new=12)
+            rt = make_runtime("sim", strategy="eager", access="declared")
+            assert execute(Case(cfg, wl, ScheduleSpec("random", 1)), runtime=rt).status == \
+                "completed"
+    finally:
+        for kernel, fn in real.items():
+            kernel.host_twin = fn
+    assert set(ran) == {
+        "tree_draft_step", "tree_verify", "tree_accept", "tree_compact", "tree_eagle_resolve",
+        "tree_eagle_step", "eagle_extend", "eagle_prefill"}
+
+
+def _kernels():
+    from overlapcheck.engine import drafts_eagle, kernels
+    return [getattr(mod, n) for mod in (kernels, drafts_eagle) for n in dir(mod)
+            if callable(getattr(mod, n))]
 
 
 @pytest.mark.parametrize("fault", ["no-copy-done-wait", "single-staging-buffer",
@@ -93,3 +146,55 @@ def test_twins_run_only_where_nothing_intercepts():
     rt.launch(s, kernel, buf.t, name="k", writes=[buf])
     rt.synchronize()
     assert calls == ["kernel"]
+
+
+def _oracle_inputs(rng, q, extreme):
+    """A KV pool, a table and ``q`` queries; ``extreme``: lengths, positions and seeds
+    anywhere in int64 (poison values a stale read gives), tokens too."""
+    kv = rng.integers(0, 64, (40, 4))
+    if extreme:
+        kv[rng.random(kv.shape) < 0.2] = rng.integers(-2 ** 62, 2 ** 62, 1)
+    table = rng.integers(0, 40, (6, 16))
+    rows = rng.integers(0, 6, q)
+    lens = rng.integers(0, 18, q)
+    seeds = rng.integers(-2 ** 63, 2 ** 63 - 1, q, dtype=np.int64)
+    if extreme:
+        seeds[: q // 2] = rng.integers(-5, 5, q // 2)
+    return kv, table, rows, lens, seeds, rng.random(q) < 0.5
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+def test_oracle_twin_chains_match_torch(extreme):
+    """The oracle twin's per-query chains (Python ints up to ``_TINY`` queries, arrays
+    past it) give the torch model's tokens, poison operands included."""
+    from fake_models.oracle import OracleModel
+    rng = np.random.default_rng(7)
+    for salt in (0, 5):
+        model = OracleModel(vocab=50, agreement=60, salt=salt)
+        hm, eagle, mtp = model.host, model.head("eagle"), model.head("mtp")
+        for q in (0, 1, 3, 16, 17, 40):
+            kv, table, rows, lens, seeds, seeded = _oracle_inputs(rng, q, extreme)
+            t = {k: torch.from_numpy(v) for k, v in
+                 dict(kv=kv, table=table, rows=rows, lens=lens, seeds=seeds,
+                      seeded=seeded).items()}
+            pos = rng.integers(0, 15, q)
+            tpos = torch.from_numpy(pos)
+            want = model.target(t["kv"], t["table"], t["rows"], t["lens"], t["seeds"],
+                                t["seeded"])
+            assert (hm.target(kv, table, rows, lens, seeds, seeded) == want.numpy()).all()
+            for topk in (1, 3):
+                want = model.draft(t["kv"], t["table"], t["rows"], t["lens"], t["seeds"],
+                                   t["seeded"], topk=topk)
+                got = hm.draft(kv, table, rows, lens, seeds, seeded, topk=topk)
+                assert (got == want.numpy()).all()
+                g, d = eagle.out(t["kv"], t["table"], t["rows"], tpos, t["seeds"],
+                                 t["seeded"], **({"topk": topk} if topk > 1 else {}))
+                hg, hd = hm.eagle_out(kv, table, rows, pos, seeds, seeded, topk)
+                assert (hg == g.numpy()).all() and (hd == d.numpy()).all()
+            feats = kv[rng.integers(0, 40, q)][:, 3:]
+            toks = kv[rng.integers(0, 40, q), 0]
+            g, d = mtp.step(t["kv"][:, :3], t["table"], t["rows"], t["lens"], tpos,
+                            torch.from_numpy(toks), torch.from_numpy(feats), t["seeds"],
+                            t["seeded"])
+            hg, hd = hm.mtp_step(kv[:, :3], table, rows, lens, pos, toks, feats, seeds, seeded)
+            assert (hg == g.numpy()).all() and (hd == d.numpy()).all()

@@ -220,6 +220,108 @@ def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     out_acc[:b] = 1
 
 
+# -- tree drafts (kernels.py) ---------------------------------------------------------------
+_TREES = {}     # (k, topk) -> (parent, depth, path) of kernels.tree_shape / tree_paths
+
+
+def _tree(k: int, topk: int):
+    """``tree_shape`` and ``tree_paths`` (the same for every call with ``k``, ``topk``)."""
+    hit = _TREES.get((k, topk))
+    if hit is None:
+        n = 1 + k * topk
+        depth = [0] + [(i - 1) // topk + 1 for i in range(1, n)]
+        parent = [-1] + [0 if depth[i] <= 1 else 1 + (depth[i] - 2) * topk for i in range(1, n)]
+        path = [[i] * (k + 1) for i in range(n)]
+        for i in range(n):
+            cur = i
+            for _ in range(k + 1):
+                path[i][depth[cur]] = cur
+                cur = parent[cur] if parent[cur] >= 0 else cur
+        hit = _TREES[(k, topk)] = (np.array(parent), np.array(depth), np.array(path))
+    return hit
+
+
+def _tree_cut(hm, m, lens, cands, hcol):
+    """``kernels.tree_cut``."""
+    if hcol is None:
+        return cands
+    return hm.host_lens_cut(cands, lens[:, None], m[:, hcol][:, None])
+
+
+@host_twin(K.tree_draft_step)
+def tree_draft_step(model, draft_kv, table, meta, drafts, lens, j, topk, b, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 1)
+    prev = 0 if j == 1 else K.tree_node(j - 1, 0, topk)
+    hm.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, prev], m[:, RID])
+    c = hm.draft(draft_kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1, topk=topk)
+    drafts[:b, K.tree_node(j, 0, topk):K.tree_node(j + 1, 0, topk)] = _tree_cut(
+        hm, m, lens[:b], c, hcol)
+
+
+@host_twin(K.tree_verify)
+def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
+    hm = _model(model)
+    m = meta[:b]
+    parent, depth, path = _tree(k, topk)
+    n, w = parent.shape[0], table.shape[1]
+    L = lens[:b, None, None]
+    rel = np.arange(w)[None, None, :] - L                        # [b, 1, w]
+    inpath = (rel >= 0) & (rel <= depth[None, :, None])          # [b, n, w]
+    anc = path[np.arange(n)[:, None], np.clip(rel, 0, k)]         # [b, n, w]
+    cols = np.where(inpath, L + anc, rel + L)
+    if cols.size and (cols.min() < 0 or cols.max() >= w):
+        raise IndexError("gather index out of range (torch refuses it)")
+    view = table[m[:, ROW]][np.arange(b)[:, None, None], cols].reshape(b * n, w)
+    q = np.arange(b * n)
+    pos = (lens[:b, None] + depth[None, :]).reshape(-1)
+    hm.write_kv(kv, view, q, pos, drafts[:b, :n].reshape(-1), m[:, RID].repeat(n))
+    tgt[:b, :n] = hm.target(kv, view, q, pos + 1, m[:, SEED].repeat(n),
+                            (m[:, SEEDED] == 1).repeat(n)).reshape(b, n)
+
+
+@host_twin(K.tree_accept)
+def tree_accept(drafts, tgt, out_tok, out_acc, path, chain, k, topk, b):
+    parent = _tree(k, topk)[0].tolist()
+    n = len(parent)
+    if drafts.shape[1] < n or tgt.shape[1] < n:
+        raise IndexError("tree wider than its buffers (torch refuses it)")
+    toks, tgts = drafts[:b, :n].tolist(), tgt[:b, :n].tolist()
+    accs, nodes = [], []
+    for tok, t in zip(toks, tgts):
+        cur, acc, got = 0, 1, [0] * (k + 1)
+        for d in range(1, k + 1):
+            if acc == d:        # alive: every depth so far had a hit
+                want = t[cur]
+                for i in range(n):
+                    if parent[i] == cur and tok[i] == want:
+                        cur = i
+                        acc += 1
+                        break
+            got[d] = cur
+        accs.append(acc)
+        nodes.append(got)
+    nodes = np.array(nodes, dtype=np.int64).reshape(b, k + 1)
+    rows = np.arange(b)[:, None]
+    out_acc[:b] = accs
+    out_tok[:b, :k + 1] = tgt[:b, :n][rows, nodes]
+    path[:b, :k + 1] = nodes
+    chain[:b, :k + 1] = drafts[:b, :n][rows, nodes]
+
+
+@host_twin(K.tree_compact)
+def tree_compact(kv, table, meta, lens, path, out_acc, k, b):
+    m = meta[:b]
+    rows = m[:, ROW][:, None]
+    d = np.arange(1, k + 1)[None, :]
+    L = lens[:b, None]
+    src = table[rows, L + path[:b, 1:k + 1]]
+    dst = table[rows, L + d]
+    keep = d < out_acc[:b, None]
+    kv[dst.reshape(-1)] = kv[np.where(keep, src, dst).reshape(-1)]
+
+
 # -- canary.py -----------------------------------------------------------------------------
 _DIGEST = {}    # table width -> (positions, their digest factors)
 
@@ -310,8 +412,6 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
 @host_twin(DE.eagle_prefill)
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
                   dst=ROW, topk=1):
-    if topk != 1:
-        raise NoHostTwin("tree drafts")
     hm = _model(model)
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
@@ -323,9 +423,9 @@ def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm
     tok = np.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
     feats = hm.target_hidden(kv, table, mrows, ctx)
     hm.eagle_write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
-    g, d1 = hm.eagle_out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1)
+    g, d1 = hm.eagle_out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1, topk)
     slots, keep = m[:, dst], _stores(last, dst)
-    fm_draft[slots] = np.where(keep, d1, fm_draft[slots])
+    fm_draft[slots] = np.where(keep if topk == 1 else keep[:, None], d1, fm_draft[slots])
     fm_hid[slots] = np.where(keep[:, None], g.astype(fm_hid.dtype, copy=False), fm_hid[slots])
 
 
@@ -354,8 +454,6 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 @host_twin(DE.eagle_extend)
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
                  width, b, by_position=False, dst=ROW, topk=1):
-    if topk != 1:
-        raise NoHostTwin("tree drafts")
     hm = _model(model)
     m = meta[:b]
     offs = np.arange(width)
@@ -366,10 +464,33 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
     hm.eagle_write(ekv, table, rows, pos, out_tok[:b, :width].reshape(-1), feats,
                    _flat(m[:, RID], b, width), keep=keep)
     last = lens[:b] + out_acc[:b] - 1
-    g, d1 = hm.eagle_out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1)
+    g, d1 = hm.eagle_out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1, topk)
     dest = np.arange(b) if by_position else m[:, dst]
     fm_draft[dest] = d1
     fm_hid[dest] = g.astype(fm_hid.dtype, copy=False)
+
+
+@host_twin(DE.tree_eagle_resolve)
+def tree_eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, topk, b, hcol=None,
+                       src=ROW):
+    hm = _model(model)
+    m = meta[:b]
+    slots = m[:, src]
+    drafts[:b, 1:1 + topk] = _tree_cut(hm, m, lens[:b], fm_draft[slots], hcol)
+    hid[:b] = fm_hid[slots]
+
+
+@host_twin(DE.tree_eagle_step)
+def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b, hcol=None):
+    hm = _model(model)
+    m = meta[:b]
+    rows, pos = m[:, ROW], lens[:b] + (j - 2)
+    hm.eagle_write(ekv, table, rows, pos, drafts[:b, K.tree_node(j - 1, 0, topk)], hid[:b],
+                   m[:, RID])
+    g, c = hm.eagle_out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1, topk)
+    drafts[:b, K.tree_node(j, 0, topk):K.tree_node(j + 1, 0, topk)] = _tree_cut(
+        hm, m, lens[:b], c, hcol)
+    hid[:b] = g.astype(hid.dtype, copy=False)
 
 
 # -- drafts_mtp.py -------------------------------------------------------------------------
