@@ -350,17 +350,6 @@ def print_rec(r):
         print(f"{'':24s} profile: {p}")
 
 
-def pin_cpu(spec: str, gpu: bool):
-    """Pin this process to one CPU (``--cpu``): the host side of a step (the engine's
-    Python, the launches) then never migrates between cores mid-window, which is most of
-    the non-overlap mode's run-to-run spread. Returns the CPU, or None."""
-    if spec == "none" or (spec == "auto" and not gpu) or not hasattr(os, "sched_setaffinity"):
-        return None
-    cpu = max(os.sched_getaffinity(0)) if spec == "auto" else int(spec)
-    os.sched_setaffinity(0, {cpu})
-    return cpu
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
@@ -388,9 +377,6 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
     ap.add_argument("--profile-below", type=float, default=1.10)
     ap.add_argument("--out", default="bench-out", help="folder for gpu_overlap.json and profiles")
-    ap.add_argument("--cpu", default="auto",
-                    help="pin the bench's threads to this CPU: a number, 'auto' (on a GPU, the "
-                         "last CPU this process may use; off on the sim) or 'none'")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     args.models = [m for m in args.models.split(",") if m]
@@ -408,10 +394,6 @@ def main() -> None:
     info = device_info(args.device)
     if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
-    try:
-        args.cpu = pin_cpu(args.cpu, info.gpu)
-    except (ValueError, OSError) as e:
-        ap.error(f"--cpu {args.cpu}: {e}")
     if args.repeat % 2:
         print(f"note: --repeat {args.repeat} is odd: the start order is not balanced")
     os.makedirs(args.out, exist_ok=True)
