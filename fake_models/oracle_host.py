@@ -130,7 +130,7 @@ def raw_hash(kv, table, rows, ctx_lens):
     pos, factor = _factors(table.shape[1])
     mask = pos < ctx_lens[:, None]
     slots = np.where(mask, table[rows], 0)
-    return _sum(_terms(kv[slots, TOK], factor, mask), 1) % M
+    return _sum(_terms(kv[:, TOK][slots], factor, mask), 1) % M
 
 
 def hash_columns(kv, table, rows, ctx, cols):
@@ -203,6 +203,13 @@ class OracleHost:
 
     def write_kv(self, kv, table, rows, pos, toks, rids, keep=None) -> None:
         slots = table[rows, pos]
+        if keep is None and kv.shape[1] == KV_WIDTH and pos.ndim == 1 and \
+                toks.shape == pos.shape == rids.shape:
+            # column by column: the same last-writer-wins rows as storing stacked rows
+            kv[slots, TOK] = toks
+            kv[slots, POS] = pos
+            kv[slots, RID] = rids
+            return
         new = _rows(toks, pos, rids)
         store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
 

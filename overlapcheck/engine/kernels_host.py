@@ -336,6 +336,10 @@ def _digest_factors(width: int):
     return hit
 
 
+_TAGS = (0, 1, 2)   # tag columns in the canary record's order (the oracle's)
+assert (C.C_KPOS, C.C_RID) == (C.C_TOK + 1, C.C_TOK + 2)   # one slice of the record
+
+
 @host_twin(C.canary)
 def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     tok_c, pos_c, rid_c = tags
@@ -350,21 +354,30 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     if pfx is not None:
         foreign &= pos >= m[:, pfx, None]
     bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
-    anybad = _any(bad, 1)
-    first = np.where(anybad, bad.argmax(1), 0)
-    at = rows[np.arange(b), first]
     terms = rows[..., tok_c] % C.DIGEST_M
     terms *= factor
     terms %= C.DIGEST_M
     terms *= mask
     out[:b, C.C_LEN] = n
-    out[:b, C.C_BAD] = _sum(bad, 1)
-    out[:b, C.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
-    out[:b, C.C_POS] = np.where(anybad, first, -1)
-    out[:b, C.C_TOK] = at[:, tok_c]
-    out[:b, C.C_KPOS] = at[:, pos_c]
-    out[:b, C.C_RID] = at[:, rid_c]
     out[:b, C.C_DIGEST] = _sum(terms, 1) % C.DIGEST_M
+    if not np.count_nonzero(bad):    # the common case: no entry read a wrong slot
+        out[:b, C.C_BAD] = 0
+        out[:b, C.C_SLOT] = -1
+        out[:b, C.C_POS] = -1
+        at = rows[:, 0]
+    else:
+        anybad = _any(bad, 1)
+        first = np.where(anybad, bad.argmax(1), 0)
+        at = rows[np.arange(b), first]
+        out[:b, C.C_BAD] = _sum(bad, 1)
+        out[:b, C.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
+        out[:b, C.C_POS] = np.where(anybad, first, -1)
+    if tags == _TAGS:
+        out[:b, C.C_TOK:C.C_RID + 1] = at[:, :3]
+    else:
+        out[:b, C.C_TOK] = at[:, tok_c]
+        out[:b, C.C_KPOS] = at[:, pos_c]
+        out[:b, C.C_RID] = at[:, rid_c]
 
 
 # -- backup_check.py -----------------------------------------------------------------------
