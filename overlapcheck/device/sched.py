@@ -25,14 +25,23 @@ class Diverged(Exception):
 class Strategy:
     name = "?"
     seeded = False     # built from a seeded ``random.Random``
-    # ``eager()`` is true at every choice point and ``new_point`` does nothing: the sim
-    # may then run device work when it is queued, if nothing else is (``SimRuntime``)
-    always_eager = False
+    # the sim may start the next choice point early (``early_point``): only where a
+    # strategy says so
+    early = False
 
     def new_point(self) -> None:
         """Called once at the start of each choice point."""
 
     def choose(self, n: int, ready: Sequence[str], forced: bool) -> int:
+        raise NotImplementedError
+
+    def early_point(self, stream: str) -> bool:
+        """Start the next choice point now (``new_point``), ahead of the host call that
+        makes it, and say whether its first decision, with only the head of ``stream``
+        ready, retires it (decision 1). The sim calls it when the host queues work
+        while nothing else is queued, and then runs that work at once (``SimRuntime``,
+        direct execution). Only where ``early``: nothing but the sim's own calls may
+        change the strategy's state until that point."""
         raise NotImplementedError
 
     def eager(self) -> bool:
@@ -49,10 +58,13 @@ class Eager(Strategy):
     """Retire everything ready at every choice point: every closure runs at once."""
 
     name = "eager"
-    always_eager = True
+    early = True
 
     def choose(self, n, ready, forced):
         return 0 if forced else 1
+
+    def early_point(self, stream):
+        return True
 
     def eager(self) -> bool:
         return True
@@ -172,12 +184,17 @@ class Stalls(Strategy):
 
     def new_point(self):
         self.point += 1
+        edges = self._edges
+        if edges and edges[-1] <= self.point:
+            self.new_point_edges()
+
+    def new_point_edges(self):
+        """At a point where a window starts or ends: the stalled set changes."""
         p = self.point
         edges = self._edges
-        if edges and edges[-1] <= p:
-            while edges and edges[-1] <= p:
-                edges.pop()
-            self.stalled = frozenset(s for s, a, b in self.stalls if a <= p < b)
+        while edges and edges[-1] <= p:
+            edges.pop()
+        self.stalled = frozenset(s for s, a, b in self.stalls if a <= p < b)
 
     def choose(self, n, ready, forced):
         for i, s in enumerate(ready):
@@ -187,6 +204,20 @@ class Stalls(Strategy):
 
     def eager(self) -> bool:
         return not self.stalled
+
+    @property
+    def early(self) -> bool:
+        """Only with this class's own points and choices (a subclass may stall streams
+        from outside, between points)."""
+        cls = type(self)
+        return cls.new_point is Stalls.new_point and cls.choose is Stalls.choose
+
+    def early_point(self, stream):
+        self.point += 1           # ``new_point``, inlined
+        edges = self._edges
+        if edges and edges[-1] <= self.point:
+            self.new_point_edges()
+        return stream not in self.stalled
 
     def describe(self):
         return {"strategy": self.name, "stalls": [list(x) for x in self.stalls]}

@@ -14,12 +14,15 @@
   same size on that stream; a buffer pledged to other streams with ``record_stream``
   is reused only once the host knows their work queued by the free is done.
 * Every decision is recorded in ``rt.choices``; ``Replay(rt.choices)`` reruns exactly.
-* Direct execution: under a strategy that is eager at every point (``Eager``), with
-  no detector and no trace, work queued while nothing else is queued runs at once:
-  the eager schedule would retire it at the very next host runtime call, before
-  anything else, and host code touches device memory only through those calls. The
-  decision that retire would record, and an exception the work raised, are settled
-  at that next call, so choices, results and failures are the deferred run's.
+* Direct execution: work the host queues while nothing else is queued, where the
+  strategy says (``Strategy.early_point``, which starts the next choice point ahead)
+  that the next choice point retires it first, runs at once. That point would retire
+  it before anything else, and between host runtime calls the host touches neither
+  device memory nor the detector's clocks, so it runs on the same memory with the
+  same clock and detector state. The decision that point records, and an exception
+  the work raised, are settled at the next host call; a traced retire is stamped with
+  that call. Choices, results, race reports and failures are the deferred run's.
+  Work of a blocking call is not run so: the call's synchronization retires it.
 """
 from __future__ import annotations
 
@@ -110,24 +113,14 @@ class SimRuntime(Runtime):
         self.calls = 0  # host runtime calls so far (the sim's logical clock)
         # with ``trace``: (stream, op name, host call at which it retired), in order
         self.retired: List[Tuple[str, str, int]] = []
-        self._trace = False
-        # direct execution (module doc): on for an always-eager strategy, no detector,
-        # no trace; ``_owed``: the stream of work run at once whose retire the next
-        # host call settles (0: none), ``_owed_exc``: what that work raised
-        self._direct = strategy.always_eager and self.det is None
-        self._owed = 0
+        self.trace = False
+        # direct execution (module doc): ``_owed``: work ran at once, whose decision the
+        # next host call records, ``_owed_exc``: what that work raised; ``_started``:
+        # the next choice point was started ahead (its work is queued, not run)
+        self._early = bool(strategy.early)
+        self._owed = False
         self._owed_exc: Optional[BaseException] = None
-        # the detector is fed as declared, without interception (``_run_closure``)
-        self._declared_only = self.det is not None and self.access == "declared"
-
-    @property
-    def trace(self) -> bool:
-        return self._trace
-
-    @trace.setter
-    def trace(self, on: bool) -> None:
-        self._trace = on
-        self._direct = self.strategy.always_eager and self.det is None and not on
+        self._started = False
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
@@ -159,12 +152,18 @@ class SimRuntime(Runtime):
     def _point(self) -> None:
         """A choice point: the strategy may retire ready stream heads."""
         self.calls += 1
-        if self._owed:
-            self._settle()
+        if self._owed:       # work ran at once: this point retires it (``_now``)
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
         if not self._pending:
             return
         strategy = self.strategy
-        strategy.new_point()
+        if self._started:
+            self._started = False
+        else:
+            strategy.new_point()
         choices, queues = self.choices, self._queues
         if strategy.eager():          # retire every ready head, first ready stream first
             # The streams before a ready one stay unready until a record retires (only
@@ -207,34 +206,36 @@ class SimRuntime(Runtime):
                 return
             self._retire(ready[c - 1])
 
-    def _settle(self) -> None:
-        """The choice point after work ran at once: the eager schedule retires it here,
-        the only work queued (decision 1), and its exception comes out here."""
-        self._owed = 0
-        self.choices.append(1)
-        exc = self._owed_exc
-        if exc is not None:
-            self._owed_exc = None
-            raise exc
+    def _settle_exc(self) -> None:
+        """The choice point after work ran at once retires that work, the only work
+        queued (decision 1: ``_point`` records it), and the work's exception comes out
+        here."""
+        exc, self._owed_exc = self._owed_exc, None
+        raise exc
 
     def _now(self, q: _Queue, op: _Op) -> None:
         """Retire ``op`` (just queued on ``q``, nothing else queued) at once: direct
-        execution (module doc)."""
+        execution (module doc); ``_retire`` as the next choice point would run it."""
         q.ret += 1
-        self._owed = q.ctx
+        self._owed = True
         kind = op.kind
         try:
             if kind is KERNEL:
-                self._call(op.fn, op.args, op.kwargs or {})
+                self._run_closure(op.fn, op.args, op.kwargs or {}, op.declared, q.ctx,
+                                  op.clock, op.info)
             elif kind is COPY:
                 dst, src = op.args
                 dst.t.copy_(src.t)
+                if self.det is not None:
+                    self._feed(q.ctx, op.clock, op.info, None, op.declared)
             elif kind is WAIT and op.bound.stream is not None:
                 q.waits.append((op.seq, op.bound.stream.ctx, op.bound.seq + 1))
         except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
             self._owed_exc = e
             return
         op.retired = True
+        if self.trace:
+            self.retired.append((q.name, op.info.name if op.info else kind, self.calls + 1))
 
     def host_choice(self, names) -> int:
         """A host thread switch (docs/design.md §4.14): a choice point for the device
@@ -254,15 +255,6 @@ class SimRuntime(Runtime):
         """Retire exactly what must retire for every stream ``ctx`` to have retired its
         first ``need[ctx]`` ops, including what those ops wait for. Raises
         ``StuckWait`` when that needs an unset host flag (``why``: the host wait)."""
-        owed = self._owed
-        if owed and need.get(owed, 0) >= self._q[owed].enq:
-            # work this host call queued and ran at once: the only work queued, which
-            # the synchronization retires without a decision
-            self._owed = 0
-            exc = self._owed_exc
-            if exc is not None:
-                self._owed_exc = None
-                raise exc
         changed = True
         while changed:
             changed = False
@@ -325,7 +317,7 @@ class SimRuntime(Runtime):
         elif kind == WAIT and op.bound.stream is not None:
             q.waits.append((op.seq, op.bound.stream.ctx, op.bound.seq + 1))
         op.retired = True
-        if self._trace:
+        if self.trace:
             self.retired.append((q.name, op.info.name if op.info else kind, self.calls))
 
     def _queued_clocks(self):
@@ -335,16 +327,19 @@ class SimRuntime(Runtime):
                     yield op.clock
 
     def _enqueue(self, s: Stream, kind: str, clock, info, fn=None, args=(), kwargs=None,
-                 declared=None, bound=None) -> _Op:
+                 declared=None, bound=None, blocking: bool = False) -> _Op:
+        """Queue an op; run it at once where direct execution may (module doc)."""
         q = s.raw
         op = _Op(kind, s, q.enq, clock, info, fn, args, kwargs, declared, bound)
         q.enq += 1
-        if (self._direct and not self._pending
+        if (self._early and not self._pending and not blocking
                 and (kind is not WAIT or bound.retired)):
-            self._now(q, op)
-        else:
-            q.ops.append(op)
-            self._pending += 1
+            if self.strategy.early_point(q.name):
+                self._now(q, op)
+                return op
+            self._started = True
+        q.ops.append(op)
+        self._pending += 1
         return op
 
     def _named(self, name: str) -> OpInfo:
@@ -471,20 +466,30 @@ class SimRuntime(Runtime):
         """Queue ``fn``; it runs when the stream retires it (``_enqueue``, inlined: the
         most frequent op)."""
         q = stream.raw
-        op = _Op(KERNEL, stream, q.enq, clock, info, fn, args, kwargs, declared, None)
+        if self._early and not self._pending:
+            if self.strategy.early_point(q.name):     # ``_now`` of the kernel, no op made
+                q.enq += 1
+                q.ret += 1
+                self._owed = True
+                try:
+                    self._run_closure(fn, args, kwargs, declared, q.ctx, clock, info)
+                except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+                    self._owed_exc = e
+                    return
+                if self.trace:
+                    self.retired.append((q.name, info.name, self.calls + 1))
+                return
+            self._started = True
+        q.ops.append(_Op(KERNEL, stream, q.enq, clock, info, fn, args, kwargs, declared, None))
         q.enq += 1
-        if self._direct and not self._pending:
-            self._now(q, op)
-        else:
-            q.ops.append(op)
-            self._pending += 1
+        self._pending += 1
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
-        self._enqueue(stream, COPY, clock, info, None, (dst, src), None, table)
+        self._enqueue(stream, COPY, clock, info, None, (dst, src), None, table, None, blocking)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)
-        self._enqueue(stream, KERNEL, clock, info, fn=out.copy_, args=(buf.t,),
-                      declared=table)
+        self._enqueue(stream, KERNEL, clock, info, out.copy_, (buf.t,), None, table, None,
+                      True)
         return out
