@@ -85,8 +85,9 @@ def _user_file(fn: str) -> Optional[str]:
     return base
 
 
-# (id of a user frame's code, line) -> (the code, its ``file:line``); the code is kept
-# (compared by identity: hashing a code object hashes its bytecode)
+# (id of a user frame's code, instruction) -> (the code, its ``file:line``); the code is
+# kept (compared by identity: hashing a code object hashes its bytecode). Keyed by the
+# instruction: a frame's line is found by scanning its code's line table.
 _AT: Dict[tuple, tuple] = {}
 
 
@@ -95,7 +96,7 @@ def user_frame(depth: int = 2) -> str:
     detector (the user's call site)."""
     f = sys._getframe(depth)
     code = f.f_code
-    key = (id(code), f.f_lineno)
+    key = (id(code), f.f_lasti)
     hit = _AT.get(key)
     if hit is not None and hit[0] is code:
         return hit[1]
@@ -238,13 +239,15 @@ class Runtime:
     def _info(self, name: str, is_copy: bool = False, depth: int = 3) -> OpInfo:
         """The op's ``OpInfo`` (its user frame only with the detector on); equal ones are
         one shared object (they are immutable). Where the caller's frame is the user's,
-        the op's site is kept per (name, code, line): one lookup per launch."""
+        the op's site is kept per (name, code, instruction): one lookup per launch (an
+        instruction has one line; a frame's line is found by scanning its code's line
+        table, its instruction is at hand)."""
         if self.det is None:
             frame = "?"
         else:
             f = sys._getframe(depth - 1)    # as ``user_frame(depth)`` sees it
             code = f.f_code
-            site = (name, id(code), f.f_lineno, is_copy)
+            site = (name, id(code), f.f_lasti, is_copy)
             hit = self._sites.get(site)
             if hit is not None and hit[0] is code:
                 return hit[1]
@@ -572,7 +575,7 @@ class Runtime:
     def _host_rows(self, buf: Buffer, rows, write: bool, what: str):
         """Check and record a host read or write of a pinned or pageable buffer."""
         check_space(buf, (PINNED, PAGEABLE), what)
-        r = None if rows is None else frozenset(int(x) for x in rows)
+        r = None if rows is None else frozenset(map(int, rows))
         if self.det is not None:
             self._host_access(buf, write, r, f"{what} {buf.name}")
         return r

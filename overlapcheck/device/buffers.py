@@ -60,7 +60,7 @@ class Buffer:
 
     def rows(self, rows: Iterable[int]) -> "Region":
         if type(rows) is not frozenset:    # a frozenset is taken as it is (it holds ints)
-            rows = frozenset(int(r) for r in rows)
+            rows = frozenset(map(int, rows))
         return Region(self, rows)
 
     def __repr__(self) -> str:
