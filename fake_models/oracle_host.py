@@ -23,7 +23,7 @@ _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
 
 
 _I64 = np.dtype(np.int64)
-_SMALL = 32   # up to this many values, mix runs on Python ints (numpy's per-op cost dominates)
+_SMALL = 12   # up to this many values, mix runs on Python ints (numpy's per-op cost dominates)
 
 
 def _mix_small(x, ys):

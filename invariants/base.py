@@ -121,10 +121,17 @@ def check_names(names: Iterable[str]) -> None:
             raise ValueError(f"unknown checker {n!r} (choose from {', '.join(REGISTRY)})")
 
 
+_CLASSES: Dict[str, type] = {}   # "module:Class" -> the class (every run builds its checkers)
+
+
 def checker_class(name: str) -> type:
     check_names((name,))
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    path = REGISTRY[name]
+    cls = _CLASSES.get(path)
+    if cls is None:
+        module, attr = path.split(":")
+        cls = _CLASSES[path] = getattr(importlib.import_module(module), attr)
+    return cls
 
 
 def names_for(target: str = "reference") -> List[str]:

@@ -381,6 +381,8 @@ class KVAccounting(Checker):
         return out
 
     def _report_leaks(self) -> List[Violation]:
+        if not self._leaks:      # nearly every step
+            return []
         groups: Dict[tuple, List[int]] = defaultdict(list)
         for (rid, purpose, step), s, certain, cause in self._leaks:
             groups[(rid, purpose, step, certain, cause)].append(s)
