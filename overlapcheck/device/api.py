@@ -395,7 +395,7 @@ class Runtime:
         if src.mem == dst.mem:
             table = {src.mem: [src, None, None]}
         else:
-            table = {src.mem: [src, None, frozenset()], dst.mem: [dst, frozenset(), None]}
+            table = {src.mem: [src, None, _EMPTY], dst.mem: [dst, _EMPTY, None]}
         self._raw_copy(dst, src, stream, blocking, info, table, self._clock(stream))
         if blocking:
             self.syncs += 1
@@ -409,7 +409,7 @@ class Runtime:
         check_space(buf, (DEVICE,), "to_host")
         self._point()
         info = self._info(f"to_host {buf.name}", True)
-        out = self._raw_to_host(buf, stream, info, {buf.mem: [buf, None, frozenset()]},
+        out = self._raw_to_host(buf, stream, info, {buf.mem: [buf, None, _EMPTY]},
                                 self._clock(stream))
         self.syncs += 1
         self._raw_sync_stream(stream, "a blocking host call")

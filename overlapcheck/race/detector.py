@@ -165,13 +165,20 @@ class Detector:
         m = self.mem.get(mem)
         if m is None:
             m = self.mem[mem] = _Mem(name)
-        for snap in m.pledges:
-            join_into(m.fence, snap)
-        m.pledges = []
+        if m.pledges:
+            for snap in m.pledges:
+                join_into(m.fence, snap)
+            m.pledges = []
         m.name = name
-        m.set_owner(self._host_epoch(), owner)
-        for r in list(m.row_hist):
-            m.set_row_owner(self._host_epoch(), r, owner)
+        e = self.clocks[HOST][HOST]       # ``set_owner`` and ``set_row_owner``, inlined
+        h = m.hist
+        h.append((e, owner))
+        if len(h) > _HIST:
+            del h[:-_HIST]
+        for h in m.row_hist.values():
+            h.append((e, owner))
+            if len(h) > _HIST:
+                del h[:-_HIST]
 
     def free(self, mem: MemId, pledged: Iterable[CtxId] = ()) -> None:
         """``mem`` goes back to its allocator; not an access. ``pledged`` are the
@@ -179,15 +186,24 @@ class Detector:
         m = self.mem.get(mem)
         if m is None:
             return
-        m.set_owner(self._host_epoch(), None)
-        m.pledges = [self._release(s) for s in pledged]
+        h = m.hist                        # ``set_owner``, inlined
+        h.append((self.clocks[HOST][HOST], None))
+        if len(h) > _HIST:
+            del h[:-_HIST]
+        m.pledges = [self._release(s) for s in pledged] if pledged else []
 
     def transfer(self, mem: MemId, rows: Iterable[int], owner: object) -> None:
         """Rows of ``mem`` (KV slots, request-pool rows) change owner (``None``: free)."""
         m = self.mem[mem]
-        e = self._host_epoch()
-        for r in rows:
-            m.set_row_owner(e, r, owner)
+        e = self.clocks[HOST][HOST]
+        row_hist = m.row_hist
+        for r in rows:                    # ``set_row_owner``, inlined
+            h = row_hist.get(r)
+            if h is None:
+                h = row_hist[r] = []
+            h.append((e, owner))
+            if len(h) > _HIST:
+                del h[:-_HIST]
 
     # -- accesses --------------------------------------------------------------------
     def prune(self, floor: Clock) -> int:
