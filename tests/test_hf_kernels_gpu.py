@@ -112,6 +112,17 @@ def test_norms_folded_into_matmuls_are_batch_invariant_and_close(T, qk_norm, bia
     for i in (0, 7, 20):
         qa, kva = T.attention_inputs(h[i:i + 1], L, 1e-6, H, KV, hd, pos[i:i + 1], cos, sin)
         assert torch.equal(qa[0], q[i]) and torch.equal(kva[0], kv[i]), i
+    for want_q in (True, False):      # the KV store in the same kernel: the same rows
+        buf = torch.full((64, 7 + 2 * KV * hd + 5), -1.0).cuda()
+        slots = torch.randperm(64, generator=g)[:t].cuda()
+        qs, none = T.attention_inputs(h, L, 1e-6, H, KV, hd, pos, cos, sin, want_q,
+                                      store=(buf, slots, 7))
+        assert none is None and (not want_q or torch.equal(qs, q))
+        assert torch.equal(buf[slots, 7:7 + 2 * KV * hd], kv)
+        untouched = torch.ones(64, dtype=torch.bool, device="cuda")
+        untouched[slots] = False
+        assert (buf[untouched] == -1).all() and (buf[slots, :7] == -1).all()
+        assert (buf[slots, 7 + 2 * KV * hd:] == -1).all()
     x = T.rms_norm(h, L["ln1"], 1e-6)
     q0 = T.heads(x, L["wq"], L["bq"], L["qn"], H, hd, 1e-6, pos, cos, sin)
     kv0 = T.kv_rows(x, L, KV, hd, 1e-6, pos, cos, sin)

@@ -136,12 +136,15 @@ class Decoder:
         ctx = O.context_slots(table, rows, pos) if n > 1 else None
         c = self.cfg
         for l in range(n):
-            # the last layer's queries are never used: its KV rows alone
+            k0, _, v1 = self.cols(l)
+            # the last layer's queries are never used: its KV rows alone; without masked
+            # entries (unique slots) the kernel that makes the rows stores them too
             q, rows_kv = O.attention_inputs(h, W["layers"][l], eps, c.num_attention_heads,
                                             c.num_key_value_heads, c.head_dim, pos, W["cos"],
-                                            W["sin"], want_q=l + 1 < n)
-            k0, _, v1 = self.cols(l)
-            store(k0, v1, rows_kv)
+                                            W["sin"], want_q=l + 1 < n,
+                                            store=(kv, slots, k0) if src is None else None)
+            if src is not None:
+                store(k0, v1, rows_kv)
             if l + 1 < n:
                 h = self.layer(W, l, h, q, kv, ctx)
 

@@ -174,14 +174,21 @@ def heads(x: torch.Tensor, w, b, norm, n_heads: int, head_dim: int, eps: float,
 
 def attention_inputs(h: torch.Tensor, L: dict, eps: float, n_heads: int, n_kv: int,
                      head_dim: int, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     want_q: bool = True):
+                     want_q: bool = True, store=None):
     """A layer's attention inputs from its residual ``h``: (the rotated query heads
     ``[q, n_heads, head_dim]``, or None without ``want_q``; the KV rows of ``kv_rows``),
-    both of ``rms_norm(h, ln1)`` (on the GPU path: one matmul and one RoPE kernel)."""
+    both of ``rms_norm(h, ln1)`` (on the GPU path: one matmul and one RoPE kernel).
+    ``store``: ``(kv, slots, kcol)``: the KV rows go to ``kv[slots, kcol:]`` (unique
+    slots) and None is returned in their place (on the GPU path, from the RoPE kernel)."""
     x = rms_norm(h, L["ln1"], eps)
     q = (heads(x, L["wq"], L["bq"], L["qn"], n_heads, head_dim, eps, pos, cos, sin)
          if want_q else None)
-    return q, kv_rows(x, L, n_kv, head_dim, eps, pos, cos, sin)
+    rows = kv_rows(x, L, n_kv, head_dim, eps, pos, cos, sin)
+    if store is None:
+        return q, rows
+    kv, slots, kcol = store
+    kv[slots, kcol:kcol + rows.shape[1]] = rows
+    return q, None
 
 
 def query(h: torch.Tensor, L: dict, eps: float, n_heads: int, head_dim: int,

@@ -230,6 +230,48 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, y_ptr, R, heads, sx, s
     tl.store(dst + HALF + d, x1 * s + x2 * c, mask=ok)
 
 
+@triton.jit(do_not_specialize=["R"])
+def _rope_store_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, kv_ptr, slot_ptr, R, heads, nq,
+                       nkv, sx, skv, kcol, HALF, woff, eps, NORM: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """``_rope_kernel`` over a token's Q, K and V heads (``nq``, ``nkv``, ``nkv``) that
+    also stores the KV row: Q heads are normed and rotated in place; K heads normed
+    (weight at ``w_ptr + woff``) and rotated, and V heads as they are, go to the token's
+    slot of the paged KV (``kv[slot, kcol:]``, K then V): the layer's KV store in the
+    same launch."""
+    r = tl.program_id(0)
+    t = r // heads
+    h = r % heads
+    is_q = h < nq
+    is_v = h >= nq + nkv
+    p = tl.load(pos_ptr + t)
+    d = tl.arange(0, BLOCK)
+    ok = d < HALF
+    src = x_ptr + t * sx + h * 2 * HALF
+    x1 = tl.load(src + d, mask=ok, other=0.0)
+    x2 = tl.load(src + HALF + d, mask=ok, other=0.0)
+    if NORM:
+        w = w_ptr + tl.where(is_q, 0, woff)
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+        n1 = x1 * inv * tl.load(w + d, mask=ok, other=0.0)
+        n2 = x2 * inv * tl.load(w + HALF + d, mask=ok, other=0.0)
+        x1 = tl.where(is_v, x1, n1)
+        x2 = tl.where(is_v, x2, n2)
+    c = tl.load(cos_ptr + p * HALF + d, mask=ok, other=0.0)
+    s = tl.load(sin_ptr + p * HALF + d, mask=ok, other=0.0)
+    y1 = tl.where(is_v, x1, x1 * c - x2 * s)
+    y2 = tl.where(is_v, x2, x1 * s + x2 * c)
+    hh = d * 0 + h                          # the head, per lane (masks are per lane)
+    to_q = ok & (hh < nq)
+    tl.store(src + d, y1, mask=to_q)
+    tl.store(src + HALF + d, y2, mask=to_q)
+    to_kv = ok & (hh >= nq)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    dst = kv_ptr + slot * skv + kcol + (h - nq) * 2 * HALF
+    tl.store(dst + d, y1, mask=to_kv)
+    tl.store(dst + HALF + d, y2, mask=to_kv)
+
+
 def _norm_rope(src: torch.Tensor, dst: torch.Tensor, n_heads: int, head_dim: int, norm, eps,
                pos, cos, sin, first: int = None) -> None:
     """``dst[t, h*hd:(h+1)*hd] = rope(norm(src[t, h*hd:...]))`` for ``src``/``dst`` of rows
@@ -283,20 +325,35 @@ def layer_weights(L: dict) -> dict:
 
 
 def attention_inputs(h, L: dict, eps: float, n_heads: int, n_kv: int, head_dim: int, pos,
-                     cos, sin, want_q: bool = True):
+                     cos, sin, want_q: bool = True, store=None):
     """``ops.attention_inputs``: the layer's input norm folded into one matmul (Q, K and
-    V side by side, or K and V alone), then the heads' norms and RoPE in one kernel."""
+    V side by side, or K and V alone), then the heads' norms and RoPE in one kernel.
+    ``store``: ``(kv, slots, kcol)`` to write the KV rows into ``kv[slots, kcol:]`` in
+    that same kernel (slots unique); the KV part returned is then None."""
     qw = n_heads * head_dim if want_q else 0
     if want_q and not L["fuse_qk"]:     # one of the two heads normed: two kernels
-        return (query(h, L, eps, n_heads, head_dim, pos, cos, sin),
-                attention_inputs(h, L, eps, n_heads, n_kv, head_dim, pos, cos, sin, False)[1])
-    if want_q:
-        y = linear(h, L["wqkv"], L["bqkv"], norm=L["ln1"], eps=eps)
-        _norm_rope(y, y, n_heads + n_kv, head_dim, L["qkn"], eps, pos, cos, sin, first=n_heads)
-    else:
-        y = linear(h, L["wkv"], L["bkv"], norm=L["ln1"], eps=eps)
-        _norm_rope(y, y, n_kv, head_dim, L["kn"], eps, pos, cos, sin)
+        q = query(h, L, eps, n_heads, head_dim, pos, cos, sin)
+        return q, attention_inputs(h, L, eps, n_heads, n_kv, head_dim, pos, cos, sin, False,
+                                   store)[1]
+    y = (linear(h, L["wqkv"], L["bqkv"], norm=L["ln1"], eps=eps) if want_q else
+         linear(h, L["wkv"], L["bkv"], norm=L["ln1"], eps=eps))
+    norm = L["qkn"] if want_q else L["kn"]
     q = y[:, :qw].view(h.shape[0], n_heads, head_dim) if want_q else None
+    if store is not None:
+        kv, slots, kcol = store
+        t, nq = y.shape[0], n_heads if want_q else 0
+        if t:
+            heads = nq + 2 * n_kv
+            _rope_store_kernel[(t * heads,)](
+                y, pos.contiguous(), cos, sin, y if norm is None else norm, kv,
+                slots.contiguous(), t * heads, heads, nq, n_kv, y.stride(0), kv.stride(0), kcol,
+                head_dim // 2, head_dim if want_q else 0, float(eps), NORM=norm is not None,
+                BLOCK=triton.next_power_of_2(head_dim // 2))
+        return q, None
+    if want_q:
+        _norm_rope(y, y, n_heads + n_kv, head_dim, norm, eps, pos, cos, sin, first=n_heads)
+    else:
+        _norm_rope(y, y, n_kv, head_dim, norm, eps, pos, cos, sin)
     return q, y[:, qw:]
 
 
