@@ -34,6 +34,8 @@ class Memory:
         self.done = -1
 
     def _slots(self, pages: List[int]) -> Tuple[int, ...]:
+        if self.kv.page_size == 1:     # a page is its slot
+            return tuple(pages)
         return tuple(s for p in pages for s in self.kv.slots(p))
 
     # -- rows -----------------------------------------------------------------------------

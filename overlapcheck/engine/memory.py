@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from .config import EngineConfig
+from .events import LazyTuple
 from .types import BatchId, RequestId, Step
 
 PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE = "prefill", "decode", "draft"
@@ -52,7 +53,6 @@ class KVPool:
         """``make()`` (a function of the pool's state) as a tuple computed when first
         read; one still unread when the pool next changes is computed just before
         (copy on write), so a view reads as the pool was when it was made."""
-        from .events import LazyTuple
         v = LazyTuple(make)
         self._views.append(weakref.ref(v))
         return v
@@ -97,8 +97,9 @@ class KVPool:
         if not self.can_allocate(n):
             raise MemoryError(f"allocate {n} pages for request {rid}: only {len(self.free)} free")
         pages = [self.free.pop() for _ in range(n)]
+        own = Owner(rid, purpose, step)     # immutable: one entry for every page
         for p in pages:
-            self.owned[p] = Owner(rid, purpose, step)
+            self.owned[p] = own
         return pages
 
     def release(self, pages: List[int], rid: RequestId, after: Optional[BatchId]) -> List[int]:

@@ -201,10 +201,14 @@ class Scheduler:
             self.mem.evict(short, it, bid)
 
     def _batch(self, bid: int, it: int, kind: str, entries: List[Entry], cells) -> Batch:
-        slots = {0}
+        slots, ps = {0}, self.mem.kv.page_size
         for e in entries:
-            for p in self.requests[e.rid].pages:
-                slots.update(self.mem.kv.slots(p))
+            pages = self.requests[e.rid].pages
+            if ps == 1:          # a page is its slot
+                slots.update(pages)
+            else:
+                for p in pages:
+                    slots.update(range(p * ps, (p + 1) * ps))
         return Batch(bid, it, kind, entries, cells, frozenset(slots))
 
     # -- retraction -----------------------------------------------------------------------
