@@ -329,7 +329,9 @@ def attention_inputs(h, L: dict, eps: float, n_heads: int, n_kv: int, head_dim: 
     """``ops.attention_inputs``: the layer's input norm folded into one matmul (Q, K and
     V side by side, or K and V alone), then the heads' norms and RoPE in one kernel.
     ``store``: ``(kv, slots, kcol)`` to write the KV rows into ``kv[slots, kcol:]`` in
-    that same kernel (slots unique); the KV part returned is then None."""
+    that same kernel (slots unique); the KV part returned is then None. Q, K and V come
+    from one kernel with or without ``store`` (and ``query`` too), so their bits never
+    depend on where the rows go."""
     qw = n_heads * head_dim if want_q else 0
     if want_q and not L["fuse_qk"]:     # one of the two heads normed: two kernels
         q = query(h, L, eps, n_heads, head_dim, pos, cos, sin)
@@ -337,31 +339,39 @@ def attention_inputs(h, L: dict, eps: float, n_heads: int, n_kv: int, head_dim: 
                                    store)[1]
     y = (linear(h, L["wqkv"], L["bqkv"], norm=L["ln1"], eps=eps) if want_q else
          linear(h, L["wkv"], L["bkv"], norm=L["ln1"], eps=eps))
-    norm = L["qkn"] if want_q else L["kn"]
-    q = y[:, :qw].view(h.shape[0], n_heads, head_dim) if want_q else None
-    if store is not None:
-        kv, slots, kcol = store
-        t, nq = y.shape[0], n_heads if want_q else 0
-        if t:
-            heads = nq + 2 * n_kv
-            _rope_store_kernel[(t * heads,)](
-                y, pos.contiguous(), cos, sin, y if norm is None else norm, kv,
-                slots.contiguous(), t * heads, heads, nq, n_kv, y.stride(0), kv.stride(0), kcol,
-                head_dim // 2, head_dim if want_q else 0, float(eps), NORM=norm is not None,
-                BLOCK=triton.next_power_of_2(head_dim // 2))
-        return q, None
-    if want_q:
-        _norm_rope(y, y, n_heads + n_kv, head_dim, norm, eps, pos, cos, sin, first=n_heads)
-    else:
-        _norm_rope(y, y, n_kv, head_dim, norm, eps, pos, cos, sin)
-    return q, y[:, qw:]
+    t = y.shape[0]
+    q = y[:, :qw].view(t, n_heads, head_dim) if want_q else None
+    if store is None:     # the same kernel, storing into rows of its own
+        rows = torch.empty((t, 2 * n_kv * head_dim), dtype=y.dtype, device=y.device)
+        _rope_store(y, L["qkn"] if want_q else L["kn"], n_heads if want_q else 0, n_kv,
+                    head_dim, eps, pos, cos, sin, rows,
+                    torch.arange(t, device=y.device), 0)
+        return q, rows
+    kv, slots, kcol = store
+    _rope_store(y, L["qkn"] if want_q else L["kn"], n_heads if want_q else 0, n_kv, head_dim,
+                eps, pos, cos, sin, kv, slots, kcol)
+    return q, None
+
+
+def _rope_store(y, norm, nq: int, nkv: int, head_dim: int, eps, pos, cos, sin, kv, slots,
+                kcol: int) -> None:
+    """``_rope_store_kernel`` over the rows of ``y`` (``nq`` Q heads, then ``nkv`` K and
+    ``nkv`` V heads): Q in place, K and V to ``kv[slots, kcol:]``."""
+    t = y.shape[0]
+    heads = nq + 2 * nkv
+    if t and heads:
+        _rope_store_kernel[(t * heads,)](
+            y, pos.contiguous(), cos, sin, y if norm is None else norm, kv, slots.contiguous(),
+            t * heads, heads, nq, nkv, y.stride(0), kv.stride(0), kcol, head_dim // 2,
+            head_dim if nq and norm is not None and norm.numel() > head_dim else 0, float(eps),
+            NORM=norm is not None, BLOCK=triton.next_power_of_2(head_dim // 2))
 
 
 def query(h, L: dict, eps: float, n_heads: int, head_dim: int, pos, cos, sin):
     """``ops.query``: the input norm folded into the Q matmul, then the heads' norm and
     RoPE."""
     y = linear(h, L["wq"], L["bq"], norm=L["ln1"], eps=eps)
-    _norm_rope(y, y, n_heads, head_dim, L["qn"], eps, pos, cos, sin)
+    _rope_store(y, L["qn"], n_heads, 0, head_dim, eps, pos, cos, sin, y, pos, 0)   # Q only
     return y.view(h.shape[0], n_heads, head_dim)
 
 
