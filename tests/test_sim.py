@@ -209,3 +209,46 @@ def test_sync_on_work_behind_an_unset_flag_is_a_stuck_wait_not_a_hang():
         f.synchronize()
     assert e.value.stream == "s" and e.value.waits_for == "later_host_action"
     assert "host synchronize on stream 'f'" in str(e.value)
+
+
+def test_work_run_at_once_is_the_deferred_run():
+    """Direct execution (work queued while nothing else is runs at once where the next
+    choice point would retire it first) changes nothing: engine runs under a stalls
+    schedule, and parity's eager detector-less reference run, give with it and with the
+    same strategy made to defer everything the same decisions, retire trace (host-call
+    stamps included), digest, findings and race reports."""
+    from overlapcheck.device.sched import Eager, Stalls
+    from overlapcheck.device.sim import SimRuntime
+    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.run import Case, ScheduleSpec, execute
+
+    class DeferredStalls(Stalls):
+        early = False
+
+    class DeferredEager(Eager):
+        early = False
+
+    assert Stalls().early and Eager().early     # the strategies direct execution serves
+    cfg = EngineConfig(page_size=2, pool_tokens=96, row_width=32, max_running=4,
+                       chunk_size=8, spec_steps=3)
+    stalls = (("forward", 5, 40), ("copy", 50, 90))
+    raced = False
+    for seed, faults in ((0, ()), (1, ("index-no-record-stream",)), (2, ("single-staging-buffer",))):
+        case = Case(cfg, generate(seed, 6, cfg, max_prompt=10, max_new=16),
+                    ScheduleSpec("stalls", 0, stalls), faults=faults)
+        runs = []
+        for strategy in (Stalls(stalls), DeferredStalls(stalls)):
+            rt = SimRuntime(strategy, access="declared")
+            out = execute(case, runtime=rt)
+            runs.append((list(out.choices), out.retired, out.marks, out.digest, out.status,
+                         [f.text for f in out.findings], [str(r) for r in out.races], rt.calls))
+        assert runs[0] == runs[1]
+        raced = raced or bool(runs[0][6])
+        refs = []
+        for strategy in (Eager(), DeferredEager()):
+            rt = SimRuntime(strategy, detect=False, access="declared")
+            out = execute(Case(cfg, case.workload, ScheduleSpec("stalls", 0, ()), ("parity",)),
+                          runtime=rt)
+            refs.append((list(out.choices), out.digest, out.result.summary, rt.calls))
+        assert refs[0] == refs[1]
+    assert raced            # race reports were compared, not only empty lists

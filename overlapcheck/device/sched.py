@@ -58,10 +58,16 @@ class Eager(Strategy):
     """Retire everything ready at every choice point: every closure runs at once."""
 
     name = "eager"
-    early = True
 
     def choose(self, n, ready, forced):
         return 0 if forced else 1
+
+    @property
+    def early(self) -> bool:
+        """Only with this class's own points and choices (not a subclass's)."""
+        cls = type(self)
+        return (cls.new_point is Strategy.new_point and cls.choose is Eager.choose
+                and cls.eager is Eager.eager)
 
     def early_point(self, stream):
         return True
@@ -210,7 +216,8 @@ class Stalls(Strategy):
         """Only with this class's own points and choices (a subclass may stall streams
         from outside, between points)."""
         cls = type(self)
-        return cls.new_point is Stalls.new_point and cls.choose is Stalls.choose
+        return (cls.new_point is Stalls.new_point and cls.choose is Stalls.choose
+                and cls.eager is Stalls.eager)
 
     def early_point(self, stream):
         self.point += 1           # ``new_point``, inlined
