@@ -202,43 +202,16 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["R"])
-def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, y_ptr, R, heads, sx, sy, HALF, eps,
-                 first, NORM: tl.constexpr, BLOCK: tl.constexpr):
-    """One head vector per program: (RMSNorm, when ``NORM``, then) rotate-half RoPE.
-    Row ``r`` is head ``r % heads`` of token ``r // heads``; a token's heads are ``sx``
-    (``sy``) apart in the source (destination), which may be the same memory. Heads
-    ``0..first-1`` take the norm weight at ``w_ptr``, later ones the next ``2 * HALF``
-    values (a layer's Q and K heads in one launch, each with its own norm)."""
-    r = tl.program_id(0)
-    t = r // heads
-    h = r % heads
-    w_ptr += tl.where(h < first, 0, 2 * HALF)
-    p = tl.load(pos_ptr + t)
-    d = tl.arange(0, BLOCK)
-    ok = d < HALF
-    src = x_ptr + t * sx + h * 2 * HALF
-    x1 = tl.load(src + d, mask=ok, other=0.0)
-    x2 = tl.load(src + HALF + d, mask=ok, other=0.0)
-    if NORM:
-        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-        x1 = x1 * inv * tl.load(w_ptr + d, mask=ok, other=0.0)
-        x2 = x2 * inv * tl.load(w_ptr + HALF + d, mask=ok, other=0.0)
-    c = tl.load(cos_ptr + p * HALF + d, mask=ok, other=0.0)
-    s = tl.load(sin_ptr + p * HALF + d, mask=ok, other=0.0)
-    dst = y_ptr + t * sy + h * 2 * HALF
-    tl.store(dst + d, x1 * c - x2 * s, mask=ok)
-    tl.store(dst + HALF + d, x1 * s + x2 * c, mask=ok)
-
-
-@triton.jit(do_not_specialize=["R"])
 def _rope_store_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, kv_ptr, slot_ptr, R, heads, nq,
                        nkv, sx, skv, kcol, HALF, woff, eps, NORM: tl.constexpr,
                        BLOCK: tl.constexpr):
-    """``_rope_kernel`` over a token's Q, K and V heads (``nq``, ``nkv``, ``nkv``) that
-    also stores the KV row: Q heads are normed and rotated in place; K heads normed
-    (weight at ``w_ptr + woff``) and rotated, and V heads as they are, go to the token's
-    slot of the paged KV (``kv[slot, kcol:]``, K then V): the layer's KV store in the
-    same launch."""
+    """Every head vector of a token's Q, K and V heads (``nq``, ``nkv``, ``nkv``), one per
+    program (row ``r`` is head ``r % heads`` of token ``r // heads``; a token's heads are
+    ``sx`` apart): Q heads (RMSNorm, when ``NORM``, weight at ``w_ptr``, then) rotate-half
+    RoPE, in place; K heads normed (weight at ``w_ptr + woff``) and rotated, and V heads
+    as they are, go to the token's slot of the paged KV (``kv[slot, kcol:]``, K then V),
+    which may be the rows they came from. The only RoPE kernel: a head's bits never
+    depend on where it goes."""
     r = tl.program_id(0)
     t = r // heads
     h = r % heads
@@ -272,35 +245,18 @@ def _rope_store_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, kv_ptr, slot_ptr
     tl.store(dst + HALF + d, y2, mask=to_kv)
 
 
-def _norm_rope(src: torch.Tensor, dst: torch.Tensor, n_heads: int, head_dim: int, norm, eps,
-               pos, cos, sin, first: int = None) -> None:
-    """``dst[t, h*hd:(h+1)*hd] = rope(norm(src[t, h*hd:...]))`` for ``src``/``dst`` of rows
-    ``[q, >= n_heads * hd]`` with unit column stride (``dst`` may be ``src``). With
-    ``first``, ``norm`` holds two weights: the first for heads ``0..first-1``, the second
-    for the rest."""
-    q = src.shape[0]
-    if q:
-        _rope_kernel[(q * n_heads,)](src, pos.contiguous(), cos, sin,
-                                     src if norm is None else norm, dst, q * n_heads, n_heads,
-                                     src.stride(0), dst.stride(0), head_dim // 2, float(eps),
-                                     n_heads if first is None else first,
-                                     NORM=norm is not None,
-                                     BLOCK=triton.next_power_of_2(head_dim // 2))
-
-
 def rope(x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE of ``x [q, heads, hd]`` at positions ``pos [q]``, one kernel."""
     q, n_heads, hd = x.shape
-    src = x.float().contiguous()
-    y = torch.empty_like(src)
-    _norm_rope(src.view(q, -1), y.view(q, -1), n_heads, hd, None, 0.0, pos, cos, sin)
-    return y
+    y = x.float().contiguous().clone().view(q, -1)
+    _rope_store(y, None, n_heads, 0, hd, 0.0, pos, cos, sin, y, pos, 0)
+    return y.view(q, n_heads, hd)
 
 
 def heads(x, w, b, norm, n_heads: int, head_dim: int, eps: float, pos, cos, sin):
     """``ops.heads``: the linear, then the per-head norm and RoPE in one kernel."""
     y = linear(x, w, b)
-    _norm_rope(y, y, n_heads, head_dim, norm, eps, pos, cos, sin)
+    _rope_store(y, norm, n_heads, 0, head_dim, eps, pos, cos, sin, y, pos, 0)
     return y.view(x.shape[0], n_heads, head_dim)
 
 
@@ -378,7 +334,8 @@ def query(h, L: dict, eps: float, n_heads: int, head_dim: int, pos, cos, sin):
 def kv_rows(x, L: dict, n_kv: int, head_dim: int, eps: float, pos, cos, sin):
     """``ops.kv_rows``: K and V from one matmul, K's norm and RoPE in place."""
     y = linear(x, L["wkv"], L["bkv"])
-    _norm_rope(y, y, n_kv, head_dim, L["kn"], eps, pos, cos, sin)
+    _rope_store(y, L["kn"], 0, n_kv, head_dim, eps, pos, cos, sin, y,
+                torch.arange(y.shape[0], device=y.device), 0)
     return y
 
 
