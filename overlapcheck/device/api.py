@@ -198,7 +198,7 @@ class Runtime:
         self.on_race = on_race
         self.streams: List[Stream] = []
         self._by_storage: Dict[int, Buffer] = {}
-        self._live: Dict[str, int] = {}     # buffers allocated and not yet freed, by name
+        self._live: Dict[str, int] = {}     # buffers allocated and not yet freed, by name (no zeros)
         self._serial = 0
         self._events = 0
         self.syncs = 0           # host synchronizations so far
@@ -326,7 +326,7 @@ class Runtime:
     # -- buffers ---------------------------------------------------------------------
     def live_buffers(self) -> Tuple[Tuple[str, int], ...]:
         """Buffers allocated through this runtime and not freed: (name, count), by name."""
-        return tuple(sorted((k, n) for k, n in self._live.items() if n))
+        return tuple(sorted(self._live.items()))
 
     def _register(self, buf: Buffer, ptr: Optional[int] = None) -> Buffer:
         """``ptr``: the storage address, when the caller knows it (a reused block)."""
@@ -343,7 +343,11 @@ class Runtime:
         if buf.freed:
             raise ValueError(f"double free of buffer {buf.owner}")
         buf.freed = True
-        self._live[buf.name] -= 1
+        n = self._live[buf.name] - 1
+        if n:
+            self._live[buf.name] = n
+        else:
+            del self._live[buf.name]
         if not keep_lookup:
             self._by_storage.pop(buf.ptr, None)
         if self.det is not None:

@@ -39,6 +39,7 @@ from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 from .sched import Strategy
 
 KERNEL, RECORD, WAIT, COPY = "kernel", "record", "wait", "copy"
+_dispatch_modes = torch._C._len_torch_dispatch_stack     # torch dispatch modes on now
 # torch dtypes whose fresh buffers are made in numpy (the same values and layout)
 _NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
               torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -117,7 +118,9 @@ class SimRuntime(Runtime):
         # direct execution (module doc): ``_owed``: work ran at once, whose decision the
         # next host call records, ``_owed_exc``: what that work raised; ``_started``:
         # the next choice point was started ahead (its work is queued, not run)
-        self._early = bool(strategy.early)
+        # (not for a subclass that changes how work retires: its ``_retire`` must see
+        # every op)
+        self._early = bool(strategy.early) and type(self)._retire is SimRuntime._retire
         self._owed = False
         self._owed_exc: Optional[BaseException] = None
         self._started = False
@@ -320,10 +323,11 @@ class SimRuntime(Runtime):
 
     def _copy(self, dst: Buffer, src: Buffer) -> None:
         """``dst.t.copy_(src.t)``; between the numpy views of both (a few times cheaper
-        on small buffers) where both are known and alike in shape and dtype."""
+        on small buffers) where both are known and alike in shape and dtype, and no
+        torch dispatch mode is on (one observes torch's ops: it sees torch's copy)."""
         arrays = self._arrays
         d, s = arrays.get(id(dst.t)), arrays.get(id(src.t))
-        if d is not None and s is not None:
+        if d is not None and s is not None and not _dispatch_modes():
             dv, sv = d[1], s[1]
             if dv.shape == sv.shape and dv.dtype == sv.dtype:
                 dv[...] = sv
