@@ -56,7 +56,8 @@ def _model(model):
 def _gather_last(out_tok, acc, b):
     """``out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)``."""
     idx = acc - 1
-    if idx.size and (idx.min() < 0 or idx.max() >= out_tok.shape[1]):
+    il = idx.tolist()      # a batch's few values: Python's min/max beat ndarray's wrappers
+    if il and (min(il) < 0 or max(il) >= out_tok.shape[1]):
         raise IndexError("gather index out of range (torch refuses it)")
     return out_tok[np.arange(b), idx]
 
@@ -119,7 +120,7 @@ def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):
 
 @host_twin(K.seq_lens_sum)
 def seq_lens_sum(meta, lens, out, b, from_host):
-    out[0] = meta[0, LSUM] if from_host else lens[:b].sum()
+    out[0] = meta[0, LSUM] if from_host else _sum(lens[:b])
 
 
 @host_twin(K.publish_lens)
