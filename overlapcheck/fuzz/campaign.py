@@ -34,6 +34,7 @@ from hypothesis import seed as hseed
 
 from .. import seeds, targets
 from ..run import Finding, References, execute
+from ..run.driver import release
 from .db import open_database
 
 
@@ -204,6 +205,8 @@ class Campaign:
             self._progress()
             fresh = [f for f in out.findings
                      if f.key not in self.found and f.key not in self.opts.known]
+            if not fresh:
+                release(out)     # only a finding's outcome is kept (its data, for the repro)
             if fresh:
                 failing.append(time.monotonic())
                 for f in fresh:  # keep when it first failed; the case is the latest (shrunk)
