@@ -164,19 +164,19 @@ class OracleModel:
 RANK_SALT = 31          # rank r's agreement hash is salted with 31 * r
 
 
-def ranked(like, o, agrees, vocab: int) -> list:
+def ranked(like, o, agrees, vocab: int, where=torch.where) -> list:
     """Tree drafts' candidates, best first (``topk = len(agrees)``): rank r is ``like``
     (the target's token) where ``agrees[r]`` holds and no better rank took it; every
     other rank is a distinct other token, ``like`` shifted by the offsets ``o, o+1, ...``
-    (in 1..vocab-1). Rank 0 is the chain draft's token. On tensors; the golden run's
-    ``OracleRequest.candidates`` computes the same on ints."""
+    (in 1..vocab-1). Rank 0 is the chain draft's token. On tensors (numpy: ``np.where``);
+    ``golden_oracle.OracleRequest.candidates`` computes the same on ints."""
     taken = agrees[0]
-    out = [torch.where(taken, like, (like + o) % vocab)]
+    out = [where(taken, like, (like + o) % vocab)]
     used = 1 - taken * 1
     for a in agrees[1:]:
         pick = a & ~taken
         off = 1 + (o - 1 + used) % (vocab - 1)
-        out.append(torch.where(pick, like, (like + off) % vocab))
+        out.append(where(pick, like, (like + off) % vocab))
         used = used + 1 - pick * 1
         taken = taken | pick
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .oracle import KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT, TOK, M
+from .oracle import KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT, TOK, M, ranked
 
 FEAT = KV_WIDTH
 _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
@@ -155,20 +155,6 @@ def _rows(*cols):
     out = np.empty((n[0], len(cols)), dtype=np.result_type(*cols))
     for i, c in enumerate(cols):
         out[:, i] = c
-    return out
-
-
-def ranked(like, o, agrees, vocab: int) -> list:
-    """``oracle.ranked`` (tree drafts' candidates, best first) on arrays."""
-    taken = agrees[0]
-    out = [np.where(taken, like, (like + o) % vocab)]
-    used = 1 - taken * 1
-    for a in agrees[1:]:
-        pick = a & ~taken
-        off = 1 + (o - 1 + used) % (vocab - 1)
-        out.append(np.where(pick, like, (like + off) % vocab))
-        used = used + 1 - pick * 1
-        taken = taken | pick
     return out
 
 
@@ -337,7 +323,8 @@ class OracleHost:
         if topk > 1:
             agrees = [agree] + [mix(u, self.salt + 7 + RANK_SALT * r) % 100 < self.agreement
                                 for r in range(1, topk)]
-            return _stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees, self.vocab))
+            return _stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees, self.vocab,
+                                 np.where))
         other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
         return np.where(agree, like, other)
 
@@ -350,7 +337,8 @@ class OracleHost:
         if topk > 1:
             agrees = [mix(u, self.salt + 11 + RANK_SALT * r) % 100 < self.agreement
                       for r in range(topk)]
-            return _stack(ranked(like, 1 + mix(u, 3) % (self.vocab - 1), agrees, self.vocab))
+            return _stack(ranked(like, 1 + mix(u, 3) % (self.vocab - 1), agrees, self.vocab,
+                                 np.where))
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
         return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
 
