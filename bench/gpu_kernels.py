@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
-    ns = argparse.Namespace(device="cuda", steps=args.steps, settle=3, max_windows=1, tol=0.03,
+    ns = argparse.Namespace(device="cuda", steps=args.steps, settle=3, windows=1, tol=0.03,
                             prompt=16, row_width=384, page_size=16, spec_steps=3,
                             draft=args.draft, graphs=True)
     model = make_model(args.model)

@@ -5,17 +5,19 @@ and batch size. Prints a table and writes ``gpu_overlap.json`` under ``--out``.
     python bench/gpu_overlap.py --device cuda --out bench-out     # several minutes on one H100
     python bench/gpu_overlap.py --device cuda --models trained --batch 8 --repeat 1 --profile
     python bench/gpu_overlap.py --device sim --models random:tiny-qwen3 --batch 2 --steps 2 \
-        --repeat 1 --row-width 24 --prompt 3 --spec-steps 1 --page-size 4 --out /tmp/b   # smoke
+        --windows 2 --min-seconds 0 --repeat 1 --prompt 3 --spec-steps 1 --page-size 4 --out /tmp/b
 
 Method (docs/design.md §8.1). A workload of B requests that arrive together (short prompts,
 one prefill batch, outputs to the row's end, no stop tokens) reaches steady decode once
-every request is running; after ``--settle`` more steps, windows of ``--steps`` steps are
-timed until two consecutive windows' rates agree within ``--tol`` (at most
-``--max-windows``); the run's figure is over those last two windows (tokens/s = tokens
-committed / time) and the run stops. On a GPU a window's time is the device's, from
-events recorded on every stream at its boundaries: nothing drains the pipeline between
-windows (a synchronization there would idle the GPU for a host step at every boundary).
-The collector is off over the windows. Modes:
+every request is running; after ``--settle`` more steps, ``--windows`` windows of
+``--steps`` steps are timed back to back and the run stops. The range is fixed per
+config, so every mode and round times the same steps and commits the same tokens; where
+the non-overlap run times it in under ``--min-seconds`` (a host-bound model), the
+config's windows are lengthened to fit, and the row (``--row-width 0``) is sized to the
+range. On a GPU the time is the device's, from events recorded on every stream at the
+window boundaries: nothing drains the pipeline between windows (a synchronization there
+would idle the GPU for a host step at every boundary). The collector is off over the
+windows. Modes:
 ``overlap`` and ``non-overlap`` (no observer, race detector off), ``checked`` (every
 checker; parity against a non-overlap run a few steps longer; detector off) and
 ``checked+detector``. Warm-up rounds (one run of every mode each) go on until every mode's
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -75,26 +78,32 @@ class _Done(Exception):
     """The timed window is over: the run stops here."""
 
 
+class RowTooShort(Exception):
+    """A request left steady decode before the timed range ended."""
+
+
 class Window:
     """Wraps ``eng.step``: waits for steady decode and ``settle`` more steps, then times
-    windows of ``steps`` steps. With ``max_windows`` > 1 it goes on until two consecutive
-    windows' rates agree within ``tol`` or ``max_windows`` were timed (docs/design.md §8.1,
-    ``steady.Settle``); the figures are over the last two windows. ``hooks`` (one window):
+    ``windows`` consecutive windows of ``steps`` steps each and stops the run
+    (docs/design.md §8.1). The range is fixed: every mode and every round of a config
+    times the same steps of the same workload, so they commit the same tokens at the
+    same context lengths, and a figure differs from another only by time. ``hooks``:
     callables "start" (after the first sync), "end" (before the last sync) and "after"
     (after it).
 
-    Between windows nothing drains the pipeline: on a GPU a window boundary records an
+    Nothing drains the pipeline between windows: on a GPU a window boundary records an
     event on every stream of the runtime (its time is the latest of them, when the work
-    queued by then is done), and a window is judged one window later, once its end
-    events are long done; the device is synchronized only before the first window and
-    after the last. The collector is off over the windows (``gc.collect`` runs before),
-    as serving engines freeze it: a full collection in a window is a host stall of
-    milliseconds that the window would charge to the mode."""
+    queued by then is done); the device is synchronized only before the first window and
+    after the last, and the windows are read from the events then. The collector is off
+    over the windows (``gc.collect`` runs before), as serving engines freeze it: a full
+    collection in a window is a host stall of milliseconds that the window would charge
+    to the mode."""
 
-    def __init__(self, eng, device, n_req, settle, steps, hooks=None, max_windows=1, tol=0.03):
+    def __init__(self, eng, device, n_req, settle, steps, windows=1, hooks=None):
+        if steps < 1 or windows < 1:
+            raise ValueError("a timed range needs at least one window of one step")
         self.eng, self.device, self.n_req, self.settle, self.steps = eng, device, n_req, settle, steps
-        self.hooks, self.n, self.result = hooks or {}, 0, None
-        self.rule = steady.Settle(tol, max_windows) if max_windows > 1 else None
+        self.windows, self.hooks, self.n, self.result = windows, hooks or {}, 0, None
         self.marks = []    # counters at each window boundary, the first window's start first
         self.gpu = device_info(device).gpu
         self._gc = gc.isenabled()
@@ -122,12 +131,10 @@ class Window:
 
     def _seconds(self, a, b) -> float:
         """Seconds between two boundaries: on a GPU, from the device's events (the latest
-        stream of each boundary; ``b``'s events are done), else the host's clock."""
+        stream of each boundary; the device was synchronized since), else the host's clock."""
         if a[5] is None:
             return b[0] - a[0]
-        for ev in b[5]:
-            ev.synchronize()
-        ref = a[5][0]
+        ref = self.marks[0][5][0]
         return (max(ref.elapsed_time(ev) for ev in b[5])
                 - max(ref.elapsed_time(ev) for ev in a[5])) / 1e3
 
@@ -146,44 +153,51 @@ class Window:
         self._step()
         if self.result is None and self.settle < 0:
             self.n += 1
-            ended = not self.steady()
-            if self.n % self.steps and not ended:
-                return
-            if self.rule is None:
-                end = self.counters()
-                self.hooks.get("end", _nop)()
+            if self.n % self.steps == 0:
+                last = self.n == self.steps * self.windows
+                if last:
+                    self.hooks.get("end", _nop)()
+                self.marks.append(self.counters())
+                if last:
+                    return self.finish()
+            if not self.steady():
                 self.sync()
-                self.marks.append((time.perf_counter(),) + end[1:])
-                self.hooks.get("after", _nop)()
-                return self.finish()
-            self.marks.append(self.counters())
-            if len(self.marks) < 3 and not ended:
-                return
-            # the window before the newest: its end events were recorded a window ago
-            a, b = self.marks[-3:-1] if len(self.marks) >= 3 else self.marks[-2:]
-            if self.rule.add((b[1] - a[1]) / self._seconds(a, b)) or ended:
-                self.hooks.get("end", _nop)()
-                self.hooks.get("after", _nop)()
-                return self.finish(judged=len(self.marks) - (1 if len(self.marks) >= 3 else 0))
+                if self._gc:
+                    gc.enable()
+                raise RowTooShort(f"a request left steady decode {self.n} steps into a timed "
+                                  f"range of {self.steps * self.windows}")
 
-    def finish(self, judged=None):
-        """The figures over the last two judged windows (the newest one past them ran
-        only to judge them)."""
+    def finish(self):
+        """The figures over the whole range, and each window's rate."""
         self.sync()
+        if not self.gpu:   # the host clock after the sync (the sim's work is done)
+            self.marks[-1] = (time.perf_counter(),) + self.marks[-1][1:]
+        self.hooks.get("after", _nop)()
         if self._gc:
             gc.enable()
-        end = len(self.marks) if judged is None else judged
-        a, b = self.marks[max(0, end - 3)], self.marks[end - 1]
+        a, b = self.marks[0], self.marks[-1]
         dt, n = self._seconds(a, b), b[4] - a[4]
-        self.result = {"steps": n, "seconds": dt, "tokens_per_s": (b[1] - a[1]) / dt,
-                       "steps_per_s": n / dt, "syncs_per_step": (b[2] - a[2]) / n,
-                       "declared_per_step": (b[3] - a[3]) / n, "windows": end - 1,
-                       "settled": self.rule.settled if self.rule else None}
+        per = [(y[1] - x[1]) / max(self._seconds(x, y), 1e-12)
+               for x, y in zip(self.marks, self.marks[1:])]
+        self.result = {"steps": n, "seconds": dt, "tokens": b[1] - a[1],
+                       "tokens_per_s": (b[1] - a[1]) / dt, "steps_per_s": n / dt,
+                       "syncs_per_step": (b[2] - a[2]) / n,
+                       "declared_per_step": (b[3] - a[3]) / n, "windows": len(per),
+                       "window_tokens_per_s": [round(x, 1) for x in per]}
         raise _Done
 
 
+def auto_row_width(args) -> int:
+    """A row long enough that no request leaves steady decode before the parity
+    reference's range ends (it runs 3 steps past the timed range): every step may
+    commit ``spec_steps + 1`` tokens; a few steps of slack for the prefill."""
+    steps = args.settle + args.steps * args.windows + 3 + 4
+    row = args.prompt + (args.spec_steps + 1) * steps + args.spec_steps + 1 + 8   # + the draft margin
+    return -(-row // args.page_size) * args.page_size
+
+
 def make_case(name, model, batch, args, overlap):
-    row = args.row_width
+    row = args.row_width or auto_row_width(args)
     cfg = EngineConfig(page_size=args.page_size, pool_tokens=(batch + 1) * row, row_width=row,
                        max_running=batch, chunk_size=batch * args.prompt, spec_steps=args.spec_steps,
                        draft_kind=args.draft, model=name, overlap=overlap)
@@ -202,7 +216,7 @@ def make_monitor(ref):
 
 def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, windows=None,
              settle=None):
-    """One run of ``mode`` up to the end of its window: (the window's figures, the engine)."""
+    """One run of ``mode`` up to the end of its timed range: (the figures, the engine)."""
     from overlapcheck.run import Halt
     _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
     cfg, wl = make_case(name, model, batch, args, overlap)
@@ -213,12 +227,13 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     mon = make_monitor(ref) if checked else None
     eng = build_engine(cfg, rt, model, mon)
     w = Window(eng, args.device, batch, args.settle if settle is None else settle,
-               steps or args.steps, hooks,
-               args.max_windows if windows is None else windows, args.tol)
+               steps or args.steps, args.windows if windows is None else windows, hooks)
     try:
         eng.run(wl)
     except _Done:
         pass
+    except RowTooShort as e:
+        raise SystemExit(f"{name} B={batch} {mode}: {e} (raise --row-width, or leave it 0: auto)")
     except Halt as h:   # a fatal checker stopped the run
         if not w.result:
             raise SystemExit(f"{name} B={batch} {mode}: stopped before its window: {h}")
@@ -226,7 +241,8 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
         if w._gc:
             gc.enable()
     if not w.result:
-        raise SystemExit(f"{name} B={batch} {mode}: no steady decode window (raise --row-width?)")
+        raise SystemExit(f"{name} B={batch} {mode}: the run ended before its timed range "
+                         "(raise --row-width, or leave it 0: auto)")
     out = dict(w.result)
     cache = getattr(getattr(eng.worker, "model", None), "cache", None)
     if cache is not None:
@@ -236,19 +252,37 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     return out, eng
 
 
+def plan(args, name, model, batch):
+    """The config's timed range and its parity reference (docs/design.md §8.1). The
+    reference, a non-overlap run 3 steps past the range, also times the range; where
+    that took under ``--min-seconds`` (a host-bound model: short windows are mostly
+    jitter), the windows are lengthened to fit it and the reference is run again.
+    Returns (args for this config, the reference's ``RunResult``)."""
+    cargs = argparse.Namespace(**vars(args))
+
+    def reference():
+        got, eng = run_mode(cargs, name, model, batch, "non-overlap",
+                            steps=cargs.steps * cargs.windows + 3, windows=1)
+        return got, eng.result()
+    got, ref = reference()
+    per_step = got["seconds"] / got["steps"]
+    want = math.ceil(args.min_seconds / per_step / args.windows) if args.min_seconds else 0
+    if want > cargs.steps:
+        cargs.steps = want
+        got, ref = reference()
+    return cargs, ref
+
+
 def measure(args, name, model, batch) -> dict:
     """docs/design.md §8.1: warm-up rounds until every mode's rate settles, then
     ``--repeat`` rounds in balanced order; medians with their min-max spread."""
-    # the parity reference: non-overlap, a few steps past the others' last windows
-    # (a run judges its last window one window later: max_windows + 1 windows at most)
-    ref = run_mode(args, name, model, batch, "non-overlap",
-                   steps=args.steps * (args.max_windows + 1) + 3,
-                   windows=1)[1].result()
+    args, ref = plan(args, name, model, batch)
     modes = [m[0] for m in MODES if m[0] in args.modes]
 
     def run(mode):
         return run_mode(args, name, model, batch, mode, ref)[0]
-    rec = {"model": name, "batch": batch, "modes": {}}
+    rec = {"model": name, "batch": batch, "modes": {}, "window_steps": args.steps,
+           "windows": args.windows, "row_width": args.row_width or auto_row_width(args)}
     rec["warm_up"] = steady.warm_up(modes, run, args.tol, args.warmup_rounds)
     runs = steady.rounds(modes, args.repeat, run)
     for mode, rs in runs.items():
@@ -257,9 +291,8 @@ def measure(args, name, model, batch) -> dict:
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
         med["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
-        med["window_steps"] = rs[0]["steps"]
-        med["windows"] = [r["windows"] for r in rs]
-        med["unsettled_runs"] = sum(r["settled"] is False for r in rs)
+        med["timed_steps"], med["timed_tokens"] = rs[0]["steps"], rs[0]["tokens"]
+        med["window_tokens_per_s"] = [r["window_tokens_per_s"] for r in rs]
         if "graphs" in rs[0]:
             med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
@@ -291,13 +324,10 @@ def observe(args, name, model, batch, rec):
             rec["profiles"][mode] = profile_one_step(args, name, model, batch, mode)
         if not device_info(args.device).gpu:
             continue
-        # the steps the figure was timed over (its last two windows, in the median run):
-        # contexts grow every step, and so does a step's attention time
-        judged = round(statistics.median(rec["modes"][mode]["windows"]))
+        # the steps the figure was timed over: contexts grow every step, and so does a
+        # step's attention time
         watch, prof = obs.SyncWatch(), obs.profiler(args.device)
-        got, _ = run_mode(args, name, model, batch, mode, windows=1,
-                          settle=args.settle + args.steps * max(0, judged - 2),
-                          steps=args.steps * min(2, max(1, judged)), hooks={
+        got, _ = run_mode(args, name, model, batch, mode, hooks={
             "start": lambda: (prof.__enter__(), watch.__enter__()),
             "end": lambda: watch.__exit__(None, None, None),
             "after": lambda: prof.__exit__(None, None, None)})
@@ -337,11 +367,11 @@ def print_rec(r):
               f"{m['steps_per_s']:8.1f} {m['syncs_per_step']:6.2f} {m['hidden_per_step']:6.2f} "
               f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s}"
               + (f"  violations: {len(m['violations'])}" if m.get("violations") else "")
-              + (f"  unsettled runs: {m['unsettled_runs']}" if m.get("unsettled_runs") else "")
               + (f"  graph captures failed: {m['graphs']['failed']}"
                  if m.get("graphs", {}).get("failed") else ""))
     w = r["warm_up"]
-    print(f"{'':24s} ({r['seconds']} s, {w['rounds']} warm-up rounds"
+    print(f"{'':24s} ({r['seconds']} s, {r['windows']} windows of {r['window_steps']} steps, "
+          f"row {r['row_width']}, {w['rounds']} warm-up rounds"
           f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
           f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
           f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
@@ -356,18 +386,22 @@ def main() -> None:
     ap.add_argument("--models", default="trained,random:llama-1b", help="comma-separated")
     ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--modes", default=",".join(m[0] for m in MODES), help="comma-separated")
-    ap.add_argument("--steps", type=int, default=12, help="steady steps per timed window")
+    ap.add_argument("--steps", type=int, default=12,
+                    help="steady steps per timed window (at least; see --min-seconds)")
+    ap.add_argument("--windows", type=int, default=4, help="timed windows per run, back to back")
+    ap.add_argument("--min-seconds", type=float, default=1.0,
+                    help="lengthen a config's windows until its non-overlap run times at least "
+                         "this long (0: never)")
     ap.add_argument("--settle", type=int, default=3, help="steady steps before the first window")
-    ap.add_argument("--max-windows", type=int, default=4,
-                    help="windows per run until two in a row agree within --tol (1: one window)")
-    ap.add_argument("--tol", type=float, default=0.03, help="agreement of the settle rules (relative)")
+    ap.add_argument("--tol", type=float, default=0.03,
+                    help="warm-up: rounds until each mode agrees with its previous round within this")
     ap.add_argument("--warmup-rounds", type=int, default=4,
                     help="cap on warm-up rounds (every mode, until each mode's rate agrees with its "
                          "previous round's within --tol; at least 2)")
     ap.add_argument("--repeat", type=int, default=6, help="measured rounds (even: balanced order)")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per request")
-    ap.add_argument("--row-width", type=int, default=384,
-                    help="context per request (room for the settle windows)")
+    ap.add_argument("--row-width", type=int, default=0,
+                    help="context per request (0: just long enough for the timed range)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--spec-steps", type=int, default=3)
     ap.add_argument("--draft", default="standalone", choices=tuple(DRAFT_KINDS))
@@ -385,8 +419,10 @@ def main() -> None:
     args.graphs = args.graphs == "on"
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1 or \
-            args.repeat < 1 or args.max_windows < 1 or args.tol <= 0:
-        ap.error(f"bad --modes/--models/--batch/--steps (modes: {', '.join(x[0] for x in MODES)})")
+            args.repeat < 1 or args.windows < 1 or args.tol <= 0 or args.min_seconds < 0 or \
+            args.settle < 0 or args.row_width < 0:
+        ap.error(f"bad --modes/--models/--batch/--steps/--windows/--settle/--tol/--min-seconds/"
+                 f"--row-width (modes: {', '.join(x[0] for x in MODES)})")
     try:
         check_available(args.device)
     except RuntimeError as e:

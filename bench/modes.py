@@ -25,7 +25,7 @@ common prefix).
 Figures. sim: engine steps/s per mode on one thread, oracle model, unchecked (no
 observer, detector off) and checked (every checker, detector on, declared accesses).
 cuda: steady decode tokens/s per mode and non-overlap, trained model, batch 8 and 32,
-timed as bench/gpu_overlap.py times them (docs/design.md §8.1: settle windows, warm-up
+timed as bench/gpu_overlap.py times them (docs/design.md §8.1: a fixed timed range, warm-up
 rounds until settled, balanced rounds, medians with min-max), as ratios to standard; the
 card, driver and clocks printed and in the JSON. Figures are printed, never asserted.
 """
@@ -247,9 +247,10 @@ def main() -> None:
     ap.add_argument("--batch", default="8,32", help="cuda figures: comma-separated batch sizes")
     ap.add_argument("--steps", type=int, default=12, help="cuda figures: steady steps per timed window")
     ap.add_argument("--settle", type=int, default=3)
-    ap.add_argument("--max-windows", type=int, default=4,
-                    help="cuda figures: windows per run until two in a row agree within --tol")
-    ap.add_argument("--tol", type=float, default=0.03, help="cuda figures: the settle rules' agreement")
+    ap.add_argument("--windows", type=int, default=4,
+                    help="cuda figures: timed windows per run, back to back (a fixed range)")
+    ap.add_argument("--tol", type=float, default=0.03,
+                    help="cuda figures: warm-up until each mode agrees with its previous round within this")
     ap.add_argument("--warmup-rounds", type=int, default=4, help="cuda figures: cap on warm-up rounds")
     ap.add_argument("--repeat", type=int, default=6, help="cuda figures: measured rounds (even: balanced)")
     ap.add_argument("--no-figures", action="store_true", help="the parity sweep only")
@@ -290,7 +291,7 @@ def main() -> None:
         else:
             doc["throughput"] = throughput(args.device, modes, args.model,
                                            [int(b) for b in args.batch.split(",") if b],
-                                           args.steps, args.settle, args.repeat, args.max_windows,
+                                           args.steps, args.settle, args.repeat, args.windows,
                                            args.tol, args.warmup_rounds)
             doc["gpu_end"] = gpu_observe.gpu_info(args.device)
     doc["seconds"] = round(time.perf_counter() - t0, 1)

@@ -4,7 +4,7 @@
   unchecked (no observer, detector off) and checked (every checker, detector on,
   declared accesses), best of ``repeat``.
 * ``throughput``: steady decode tokens/s per mode and non-overlap on ``device``, timed
-  as bench/gpu_overlap.py times it (its ``Window``, ``bench/steady.py``: settle windows,
+  as bench/gpu_overlap.py times it (its ``Window``, ``bench/steady.py``: a fixed timed range,
   warm-up rounds, balanced rounds, medians with min-max; docs/design.md §8.1), as ratios
   to the standard mode; logical-rank modes are left out (sim only).
 """
@@ -68,10 +68,10 @@ def sim_figures(modes, requests, repeat) -> dict:
     return out
 
 
-def throughput(device, modes, model_name, batches, steps, settle, repeat, max_windows=4, tol=0.03,
+def throughput(device, modes, model_name, batches, steps, settle, repeat, windows=4, tol=0.03,
                warmup_rounds=4) -> dict:
     """Steady decode tokens/s per mode (and non-overlap), bench/gpu_overlap.py's method
-    (docs/design.md §8.1): settle windows in a run, warm-up rounds until settled,
+    (docs/design.md §8.1): a fixed timed range per run, warm-up rounds until settled,
     balanced rounds, medians with their min-max; vs standard per round."""
     import gpu_overlap as G
     import steady
@@ -81,13 +81,13 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, max_wi
     variants["non-overlap"] = {"overlap": False}
     m, out = model(model_name), {}
 
-    def once(batch, kw, n, windows=max_windows):
+    def once(batch, kw, n, windows=windows):
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
         eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
             device, seed=0, strategy="eager", detect=False, access="declared",
             graphs=device_info(device).gpu), m)
         gc.collect()
-        w = G.Window(eng, device, batch, settle, n, max_windows=windows, tol=tol)
+        w = G.Window(eng, device, batch, settle, n, windows)
         try:
             eng.run(wl)
         except G._Done:
@@ -114,7 +114,6 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, max_wi
                          ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
             rec[name]["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
             rec[name]["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
-            rec[name]["unsettled_runs"] = sum(r["settled"] is False for r in rs)
             sp = steady.paired_ratio([r["tokens_per_s"] for r in rs],
                                      [r["tokens_per_s"] for r in runs["standard"]])
             rec[name]["vs_standard"], rec[name]["vs_standard_spread"] = sp["median"], sp
@@ -148,7 +147,7 @@ def print_figures(doc) -> None:
             print(f"{name:12s} {fmt_spread(v['tokens_per_s_spread'], width=27)} "
                   f"{fmt_spread(v['vs_standard_spread'], '.3f', 23)} {v['steps_per_s']:8.1f} "
                   f"{v['syncs_per_step']:6.2f} {v['declared_per_step']:8.2f}"
-                  + (f"  unsettled runs: {v['unsettled_runs']}" if v.get("unsettled_runs") else ""))
+                  )
         if w:
             print(f"  {w['rounds']} warm-up rounds{'' if w['settled'] else ' (not settled)'}; medians over "
                   f"{doc['args']['repeat']} rounds, order alternating; vs std from each round's pair")

@@ -3,7 +3,6 @@ which order interleaved runs take, and how a figure is reported (the median with
 min-max spread). Plain Python, no clock of its own: callers pass rates or a run
 function, so tests drive it with a fake timer.
 
-* ``Settle``: consecutive window rates until two in a row agree within ``tol`` (capped).
 * ``balanced_order``: round r runs the modes forward when r is even, backward when odd
   (ABBA for two modes), so a drift over the session falls on every mode alike.
 * ``warm_up``: rounds of every mode until each mode's rate agrees with its rate of the
@@ -20,22 +19,6 @@ def agree(a: float, b: float, tol: float) -> bool:
     """Two rates within ``tol`` (relative to the larger) of each other."""
     hi = max(abs(a), abs(b))
     return hi == 0 or abs(a - b) <= tol * hi
-
-
-class Settle:
-    """Feed it window rates with ``add``; it answers True once two consecutive ones agree
-    within ``tol`` (``settled``) or ``cap`` windows were seen (``settled`` stays False)."""
-
-    def __init__(self, tol: float = 0.03, cap: int = 4):
-        if cap < 2:
-            raise ValueError("the settle rule needs at least two windows")
-        self.tol, self.cap, self.rates, self.settled = tol, cap, [], False
-
-    def add(self, rate: float) -> bool:
-        self.rates.append(rate)
-        if len(self.rates) >= 2 and agree(self.rates[-2], self.rates[-1], self.tol):
-            self.settled = True
-        return self.settled or len(self.rates) >= self.cap
 
 
 def balanced_order(modes, r: int) -> list:

@@ -13,8 +13,8 @@ def test_gpu_overlap_bench_sim_smoke(tmp_path):
     out = tmp_path / "bench"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_overlap.py"), "--device", "sim",
-                        "--models", "random:tiny-qwen3", "--batch", "2", "--steps", "2", "--repeat", "1",
-                        "--row-width", "24", "--prompt", "3", "--spec-steps", "1", "--page-size", "4",
+                        "--models", "random:tiny-qwen3", "--batch", "2", "--steps", "2", "--windows", "2", "--repeat", "1",
+                        "--min-seconds", "0", "--prompt", "3", "--spec-steps", "1", "--page-size", "4",
                         "--profile", "--profile-below", "1000", "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -23,16 +23,19 @@ def test_gpu_overlap_bench_sim_smoke(tmp_path):
     assert (c["model"], c["batch"], doc["device"]) == ("random:tiny-qwen3", 2, "sim")
     assert set(c["modes"]) == {"overlap", "non-overlap", "checked", "checked+detector"}
     for mode, m in c["modes"].items():
-        # a run's figure is over its last two windows of 2 steps (one when the row ran out)
-        assert m["tokens_per_s"] > 0 and m["window_steps"] in (2, 4), (mode, m)
+        # every mode times the same range: two windows of 2 steps, the same tokens
+        assert m["tokens_per_s"] > 0 and m["timed_steps"] == 4, (mode, m)
+        assert m["timed_tokens"] == c["modes"]["overlap"]["timed_tokens"] > 0, (mode, m)
+        assert [len(w) for w in m["window_tokens_per_s"]] == [2], (mode, m)
         sp = m["tokens_per_s_spread"]
         assert sp["min"] <= sp["median"] == m["tokens_per_s"] <= sp["max"], (mode, m)
-        assert len(m["repeats_tokens_per_s"]) == 1 and 1 <= max(m["windows"]) <= 4, (mode, m)
+        assert len(m["repeats_tokens_per_s"]) == 1, (mode, m)
         assert m["syncs_per_step"] >= m["declared_per_step"] > 0, (mode, m)
         assert m.get("violations", []) == [], (mode, m)
     assert c["overlap_speedup"] > 0 and c["checked_ratio"] > 0
     assert c["overlap_speedup_spread"]["median"] == c["overlap_speedup"]
     assert 2 <= c["warm_up"]["rounds"] <= 4 and doc["gpu"] is None
+    assert (c["window_steps"], c["windows"]) == (2, 2) and c["row_width"] % 4 == 0
     assert set(c["profiles"]) == {"overlap", "non-overlap"}
     for path in c["profiles"].values():
         assert "one steady decode step" in open(path).read()

@@ -1,7 +1,7 @@
 """The GPU benches' timing method (bench/steady.py, bench/gpu_overlap.py's Window;
-docs/design.md §8.1) on a fake timer: the settle rule stops where two consecutive
-windows agree and not before, is capped, and balanced start orders cancel a drift that
-a fixed order turns into a bias. No timing is measured or asserted: every rate comes
+docs/design.md §8.1) on a fake timer: a run times a fixed range of windows after its
+settle steps and reports each window and the whole, a row too short for the range is an
+error, and balanced start orders cancel a drift that a fixed order turns into a bias. No timing is measured or asserted: every rate comes
 from the fake clock."""
 import os
 import sys
@@ -15,27 +15,6 @@ sys.path.append(os.path.join(ROOT, "bench"))   # bench/ is scripts, not a packag
 import gpu_overlap as G  # noqa: E402
 import steady  # noqa: E402
 from overlapcheck.engine.types import RUNNING  # noqa: E402
-
-
-def feed(rule, rates):
-    for i, r in enumerate(rates):
-        if rule.add(r):
-            return i + 1
-    return None
-
-
-def test_settle_stops_at_the_first_two_windows_that_agree():
-    rule = steady.Settle(tol=0.03, cap=8)
-    assert feed(rule, [50, 80, 95, 99, 100, 100, 100]) == 5   # 95 -> 99 is 4 %: not yet
-    assert rule.settled and rule.rates == [50, 80, 95, 99, 100]
-
-
-def test_settle_is_capped_and_says_it_did_not_settle():
-    rule = steady.Settle(tol=0.03, cap=4)
-    assert feed(rule, [100, 120, 100, 120, 100, 120]) == 4
-    assert not rule.settled
-    with pytest.raises(ValueError):
-        steady.Settle(cap=1)
 
 
 def test_balanced_order_gives_every_mode_the_same_mean_position():
@@ -122,29 +101,48 @@ def clock(monkeypatch):
     return now
 
 
-def test_window_times_windows_until_two_agree_and_reports_the_last_two(clock):
-    # steps 1-10 take 2 s, later ones 1 s: windows of 4 steps after 2 settle steps
+def test_window_times_a_fixed_range_and_reports_each_window(clock):
+    # steps 1-10 take 2 s, later ones 1 s: 3 windows of 4 steps after 2 settle steps
     eng = FakeEngine(2, lambda k: 2.0 if k <= 10 else 1.0, clock)
-    w = G.Window(eng, "sim", 2, 2, 4, max_windows=6, tol=0.03)
+    w = G.Window(eng, "sim", 2, 2, 4, 3)
     eng.run(100)
     r = w.result
-    # windows: steps 3-6 (2 s each), 7-10 (2 s), agree at once: figures over both
-    assert (r["windows"], r["settled"], r["steps"]) == (2, True, 8)
-    assert r["tokens_per_s"] == pytest.approx(2 * 8 / 16.0)
-    eng = FakeEngine(2, lambda k: 3.0 if k <= 6 else 2.0 if k <= 10 else 1.0, clock)
-    w = G.Window(eng, "sim", 2, 2, 4, max_windows=6, tol=0.03)
-    eng.run(100)
-    r = w.result   # windows: 3-6 at 3 s a step, 7-10 at 2 s, 11-14 and 15-18 at 1 s
-    assert (r["windows"], r["settled"], r["steps"]) == (4, True, 8)
-    assert r["tokens_per_s"] == pytest.approx(2.0)             # the last two windows: 1 s a step, 2 tokens
+    # the range is steps 3-14 whatever the rates: 3-6 and 7-10 at 2 s a step, 11-14 at 1 s
+    assert (r["windows"], r["steps"], r["tokens"], eng.k) == (3, 12, 24, 14)
+    assert r["seconds"] == pytest.approx(20.0)
+    assert r["tokens_per_s"] == pytest.approx(24 / 20.0)
+    assert r["window_tokens_per_s"] == [1.0, 1.0, 2.0]
+    assert r["syncs_per_step"] == 1.0
 
 
-def test_window_cap_and_single_window(clock):
-    eng = FakeEngine(1, lambda k: 1.0 + (k % 2), clock)      # steps of 2 s and 1 s alternate
-    w = G.Window(eng, "sim", 1, 0, 1, max_windows=3, tol=0.03)
-    eng.run(100)
-    assert (w.result["windows"], w.result["settled"], w.result["steps"]) == (3, False, 2)
+def test_window_single_window_and_bad_ranges(clock):
     eng = FakeEngine(1, lambda k: 1.0, clock)
     w = G.Window(eng, "sim", 1, 1, 5)
     eng.run(100)
-    assert (w.result["windows"], w.result["settled"], w.result["steps"], eng.k) == (1, None, 5, 6)
+    assert (w.result["windows"], w.result["steps"], eng.k) == (1, 5, 6)
+    with pytest.raises(ValueError):
+        G.Window(FakeEngine(1, lambda k: 1.0, clock), "sim", 1, 0, 0)
+
+
+def test_a_request_leaving_steady_decode_inside_the_range_is_an_error(clock):
+    eng = FakeEngine(2, lambda k: 1.0, clock)
+    real = eng.step
+
+    def step():
+        real()
+        if eng.k == 7:
+            eng.requests[1].state = "finished"
+    eng.step = step
+    G.Window(eng, "sim", 2, 1, 4, 3)
+    with pytest.raises(G.RowTooShort, match="6 steps into a timed range of 12"):
+        for _ in range(100):
+            eng.step()
+
+
+def test_auto_row_width_fits_the_reference_range():
+    import argparse
+    a = argparse.Namespace(settle=3, steps=12, windows=4, prompt=16, spec_steps=3, page_size=16)
+    row = G.auto_row_width(a)
+    assert row % 16 == 0
+    # every step may commit spec_steps + 1 tokens; the reference runs 3 steps past the range
+    assert row - 16 - (3 + 1 + 8) >= (3 + 1) * (3 + 12 * 4 + 3)
