@@ -127,7 +127,7 @@ class Window:
     def counters(self):
         e = self.eng
         return (time.perf_counter(), sum(len(r.output) for r in e.requests.values()), e.rt.syncs,
-                getattr(e.worker, "declared_syncs", 0), self.n, self._events())
+                getattr(e.worker, "declared_syncs", 0), self.n, self._events(), time.process_time())
 
     def _seconds(self, a, b) -> float:
         """Seconds between two boundaries: on a GPU, from the device's events (the latest
@@ -183,6 +183,7 @@ class Window:
                        "tokens_per_s": (b[1] - a[1]) / dt, "steps_per_s": n / dt,
                        "syncs_per_step": (b[2] - a[2]) / n,
                        "declared_per_step": (b[3] - a[3]) / n, "windows": len(per),
+                       "host_cpu_ms_per_step": (b[6] - a[6]) * 1e3 / n,
                        "window_tokens_per_s": [round(x, 1) for x in per]}
         raise _Done
 
@@ -287,7 +288,8 @@ def measure(args, name, model, batch) -> dict:
     runs = steady.rounds(modes, args.repeat, run)
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
-               ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
+               ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step",
+                "host_cpu_ms_per_step")}
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
         med["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
@@ -308,6 +310,12 @@ def measure(args, name, model, batch) -> dict:
                       ("checked_detector_ratio", "checked+detector", "overlap")):
         sp = ratio(a, b)
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
+    # the host's side of the checker overhead: unchecked over checked CPU per step (a
+    # host-bound model's throughput ratio, without the machine's wall-clock jitter)
+    if "checked" in runs and "overlap" in runs:
+        rec["checked_host_cpu_ratio_spread"] = steady.paired_ratio(
+            [r["host_cpu_ms_per_step"] for r in runs["overlap"]],
+            [r["host_cpu_ms_per_step"] for r in runs["checked"]])
     observe(args, name, model, batch, rec)
     return rec
 
@@ -375,7 +383,10 @@ def print_rec(r):
           f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
           f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
           f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
-          f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}")
+          f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}"
+          + (f"; host CPU per step unchecked/checked "
+             f"{steady.fmt_spread(r['checked_host_cpu_ratio_spread'], '.3f')}"
+             if r.get("checked_host_cpu_ratio_spread") else ""))
     for p in r.get("profiles", {}).values():
         print(f"{'':24s} profile: {p}")
 
