@@ -105,7 +105,7 @@ def install(t: Timers, by_kernel: bool) -> None:
     t.wrap(scheduler.Scheduler, "build", "engine host")
     t.wrap(worker.SpecWorker, "_stage", "engine host: staging")
     for name in ("launch", "copy", "_record", "_wait_event", "_query", "_sync_event",
-                 "_sync_stream", "synchronize", "record_stream", "transfer", "host_view",
+                 "_sync_stream", "synchronize", "record_stream", "transfer", "host_view", "host_list",
                  "host_write", "to_host", "empty", "free", "host_empty", "_point"):
         for cls in (api.Runtime, sim.SimRuntime):
             if name in vars(cls):

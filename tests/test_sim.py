@@ -1,5 +1,7 @@
 """Semantics of the simulated device: deferred closures, CUDA's event rules,
 copies, poison, allocator reuse, annotations, choices and replay."""
+import re
+
 import pytest
 import torch
 
@@ -42,6 +44,26 @@ def test_pageable_copy_is_synchronous_and_pinned_async():
     assert is_poison(rt.host_view(pin)).all()  # not landed, and a race
     rt.synchronize()                           # reported once the copy retires
     assert rt.reports and rt.reports[-1].kind == "host-read-before-copy"
+
+
+def test_host_list_is_host_view_as_lists_with_the_same_report():
+    views, lists = [], []
+    for read, out in ((lambda rt, b, rows=None: rt.host_view(b, rows).tolist(), views),
+                      (lambda rt, b, rows=None: rt.host_list(b, rows), lists)):
+        rt, s, _ = _rt(Script([0] * 50))
+        d = rt.empty((3, 2), torch.int64, "d", s)
+        rt.launch(s, lambda x: x.fill_(5), d.t)
+        pin = rt.host_empty((3, 2), torch.int64, "pin")
+        flags = rt.host_empty((2,), torch.bool, "flags", pinned=False)
+        rt.host_write(flags, [True, False])
+        rt.copy(pin, d, s, non_blocking=True)
+        out.append(read(rt, pin))                  # before the copy landed: poison, a race
+        rt.synchronize()
+        out += [read(rt, pin), read(rt, pin, [2, 0]), read(rt, flags)]
+        out.append([re.sub(r"test_sim.py:\d+", "here", str(r)) for r in rt.reports])
+    assert lists == views
+    assert lists[1] == [[5, 5]] * 3 and lists[3] == [True, False]
+    assert lists[4] and "read by host in 'host_view pin' at here" in lists[4][0]
 
 
 def test_query_of_never_recorded_event_is_true():

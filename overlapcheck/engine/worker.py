@@ -93,7 +93,7 @@ class SpecWorker:
             if not self.faults.on("verify-sum-unwaited"):
                 self.dev.verified[pp].synchronize()
                 self.declared_syncs += 1
-            lens = self.dev.rt.host_view(self.dev.lens_pin[pp]).tolist()
+            lens = self.dev.rt.host_list(self.dev.lens_pin[pp])
             known.update({rid: lens[i] for rid, i in index.items() if rid in known})
         # summed as the device would, in int64 (an in-flight read may be poison)
         return int(torch.tensor(list(known.values()), dtype=torch.int64).sum())
@@ -366,8 +366,8 @@ class SpecWorker:
         if not self.faults.on("no-copy-done-wait"):
             dev.done[p].synchronize()
             self.declared_syncs += 1
-        toks = rt.host_view(dev.tok_pin[p]).tolist()
-        accs = rt.host_view(dev.acc_pin[p]).tolist()
+        toks = rt.host_list(dev.tok_pin[p])
+        accs = rt.host_list(dev.acc_pin[p])
         b = len(batch.entries)
         return toks[:b], accs[:b]
 
@@ -376,7 +376,7 @@ class SpecWorker:
         has no KV tags. Call after ``collect``: the copy-done wait covers them."""
         if not self.tags:
             return None
-        rows = self.dev.rt.host_view(self.dev.can_pin[batch.bid % 2]).tolist()
+        rows = self.dev.rt.host_list(self.dev.can_pin[batch.bid % 2])
         return rows[:len(batch.entries)]
 
 
