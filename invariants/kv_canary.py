@@ -7,12 +7,17 @@ sync). Here the host side holds it against what the host knows: no mismatching t
 the digest equal to that of the request's own tokens at positions 0..n-1 (when the host
 knows them all); and for a verify the host kept, the device read exactly the committed
 length the host had (a stale FutureMap length reads rejected draft slots).
+
+The expected digests are kept as prefix digests, one per committed length, extended as
+tokens commit: a canary record then costs O(1), not O(context), and a long run's steps
+do not grow slower with its contexts.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
 from overlapcheck.engine import events as E
+from overlapcheck.engine.events import DIGEST_M
 
 from .base import Checker, Violation
 
@@ -24,15 +29,30 @@ class KVCanary(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.tokens: Dict[int, List[int]] = {}          # prompt + accepted output, per request
+        # per request: prefix[n] = E.token_digest(tokens[:n]), for n = 0..len(tokens)
+        self.prefix: Dict[int, List[int]] = {}
         self.kept: Dict[Tuple[int, int], int] = {}      # (rid, batch) -> committed length read
 
     def on_Arrived(self, ev: E.Arrived):
         if ev.spec is not None:
-            self.tokens[ev.rid] = list(ev.spec.prompt)
+            self.tokens[ev.rid] = []
+            self.prefix[ev.rid] = [0]
+            self._extend(ev.rid, ev.spec.prompt)
+
+    def _extend(self, rid: int, tokens) -> None:
+        """Commit ``tokens`` after the request's own, with their prefix digests (the
+        terms of ``events.token_digest``, summed mod M one position at a time)."""
+        toks, pref = self.tokens[rid], self.prefix[rid]
+        h, p = pref[-1], len(toks)
+        for t in tokens:
+            h = (h + (t % DIGEST_M) * ((p * 40503 + 17) % DIGEST_M + 1) % DIGEST_M) % DIGEST_M
+            pref.append(h)
+            p += 1
+        toks.extend(tokens)
 
     def on_Prefilled(self, ev: E.Prefilled):
         if not ev.dropped and ev.token >= 0 and ev.rid in self.tokens:
-            self.tokens[ev.rid].append(ev.token)
+            self._extend(ev.rid, (ev.token,))
 
     def on_Verified(self, ev: E.Verified):
         toks = self.tokens.get(ev.rid)
@@ -40,7 +60,7 @@ class KVCanary(Checker):
             return
         if not ev.dropped:
             self.kept[(ev.rid, ev.batch)] = len(toks) - 1
-            toks.extend(ev.tokens)
+            self._extend(ev.rid, ev.tokens)
 
     def on_Canary(self, ev: E.Canary) -> List[Violation]:
         out = []
@@ -68,7 +88,7 @@ class KVCanary(Checker):
                 f"slot {ev.slot} holds (request {rid}, position {pos}, token {tok})", (kind,),
                 {"rid": ev.rid, "slot": ev.slot, "position": ev.position, "found": ev.found}))
         elif toks is not None and ev.read_len <= len(toks):
-            want = E.token_digest(toks[:ev.read_len])
+            want = self.prefix[ev.rid][ev.read_len]
             if want != ev.digest:
                 out.append(Violation(
                     self.name, ev.iteration, f"forward of {where} read tokens that are not the "

@@ -29,3 +29,24 @@ def test_a_good_record_is_quiet():
     c = _checker()
     digest = E.token_digest([3, 4, 5])
     assert c.feed(E.Canary(2, 0, 7, 3, 0, -1, -1, (0, 0, 7), digest)) == []
+
+
+def test_the_prefix_digests_are_the_digests_of_every_committed_prefix():
+    # the checker keeps one digest per committed length, extended as tokens commit
+    # (prompt, prefill token, verified runs); each equals the digest recomputed from
+    # scratch, so a record of any read length is held against the right one, and a
+    # record one token off is not
+    import random
+    rng = random.Random(5)
+    prompt = tuple(rng.randrange(0, 1 << 40) for _ in range(9))
+    c = KVCanary()
+    c.feed(E.Arrived(0, -1, 7, RequestSpec(7, 0, prompt, 64)))
+    c.feed(E.Prefilled(1, 0, 7, 11, False))
+    c.feed(E.Verified(2, 1, 7, 0, 3, (12, -3, 2**61 + 5), False))
+    toks = list(prompt) + [11, 12, -3, 2**61 + 5]
+    assert c.tokens[7] == toks
+    for n in range(len(toks) + 1):
+        assert c.prefix[7][n] == E.token_digest(toks[:n])
+        assert c.feed(E.Canary(3, 9, 7, n, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:n]))) == []
+    bad = c.feed(E.Canary(3, 9, 7, 5, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:4])))
+    assert [v.site for v in bad] == [("token-digest",)]
