@@ -97,12 +97,14 @@ def _factors(width: int, shift: int = 0):
     return hit
 
 
-def _terms(tokens, factor, mask):
-    """``where(mask, term(tokens, positions), 0)`` with ``factor`` from ``_factors``."""
+def _terms(tokens, factor, mask=None):
+    """``where(mask, term(tokens, positions), 0)`` with ``factor`` from ``_factors``
+    (``mask`` None: every position)."""
     t = tokens % M
     t *= factor
     t %= M
-    t *= mask
+    if mask is not None:
+        t *= mask
     return t
 
 
@@ -126,7 +128,24 @@ def store(dst, slots, new, src=None) -> None:
     dst[slots] = new
 
 
+def _one_query(kv, table, rows, ctx):
+    """For a hash of a single query (the common case: one request), its context
+    length ``c`` clipped to the table's width and the slots of its first ``c``
+    positions; else None. The masked positions past ``c`` add 0 and read slot 0
+    (there is one), so these slots are all the hash reads: the same index checks
+    (a slot or row out of range raises) on a few times fewer numpy ops."""
+    if rows.shape != (1,) or ctx.shape != (1,) or not kv.shape[0]:
+        return None
+    c = min(max(int(ctx[0]), 0), table.shape[1])
+    return c, table[rows[0], :c]
+
+
 def raw_hash(kv, table, rows, ctx_lens):
+    one = _one_query(kv, table, rows, ctx_lens)
+    if one is not None:
+        c, slots = one
+        return _sum(_terms(kv[slots, TOK], _factors(table.shape[1])[1][:c]),
+                    keepdims=True) % M
     pos, factor = _factors(table.shape[1])
     mask = pos < ctx_lens[:, None]
     slots = np.where(mask, table[rows], 0)
@@ -136,6 +155,14 @@ def raw_hash(kv, table, rows, ctx_lens):
 def hash_columns(kv, table, rows, ctx, cols):
     """``oracle_heads._hash_columns``."""
     width = table.shape[1]
+    one = _one_query(kv, table, rows, ctx)
+    if one is not None:
+        c, slots = one
+        vals = kv[slots]
+        h = 0
+        for col in cols:
+            h += int(_sum(_terms(vals[:, col], _factors(width, col)[1][:c])))
+        return np.array([h % M], dtype=np.int64)
     pos = _factors(width)[0]
     mask = pos < ctx[:, None]
     vals = kv[np.where(mask, table[rows], 0)]

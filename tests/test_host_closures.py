@@ -198,3 +198,31 @@ def test_oracle_twin_chains_match_torch(extreme):
                             t["seeded"])
             hg, hd = hm.mtp_step(kv[:, :3], table, rows, lens, pos, toks, feats, seeds, seeded)
             assert (hg == g.numpy()).all() and (hd == d.numpy()).all()
+
+
+def test_oracle_twin_hashes_of_one_query_match_torch():
+    """The hashes' one-query path (``_one_query``) gives the torch hash, and raises where
+    torch's gather refuses a slot: lengths below 0 and past the table, slots that wrap
+    (negative) or fall outside the pool."""
+    from fake_models import oracle_host as H
+    from fake_models.oracle import OracleModel
+    from fake_models.oracle_heads import _hash_columns
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        kv = rng.integers(-2 ** 40, 2 ** 40, (int(rng.integers(1, 12)), 3))
+        table = rng.integers(-14, 14, (3, int(rng.integers(1, 9))))
+        rows, ctx = rng.integers(-3, 3, 1), rng.integers(-2, 11, 1)
+        cols = (0, 2) if rng.random() < 0.5 else (1,)
+        t = [torch.from_numpy(a) for a in (kv, table, rows, ctx)]
+        for host, ref in ((lambda: H.raw_hash(kv, table, rows, ctx),
+                           lambda: OracleModel.raw_hash(*t)),
+                          (lambda: H.hash_columns(kv, table, rows, ctx, cols),
+                           lambda: _hash_columns(*t, cols))):
+            try:
+                want = ref().numpy()
+            except (IndexError, RuntimeError):
+                with pytest.raises(IndexError):
+                    host()
+                continue
+            got = host()
+            assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
