@@ -226,3 +226,43 @@ def test_oracle_twin_hashes_of_one_query_match_torch():
                 continue
             got = host()
             assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_canary_twin_matches_torch(b):
+    """The canary twin (its one-entry path at ``b == 1``) writes the torch kernel's
+    record: tags wrong or missing, slots out of the pool or negative, lengths below 0
+    or past the table, a prefix column, another tag order; and raises where the
+    kernel's gathers refuse."""
+    from overlapcheck.engine import canary as C
+    from overlapcheck.engine import kernels_host as KH
+    from overlapcheck.engine.kernels import N, RID, ROW, START
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(300):
+        pool, width = int(rng.integers(1, 10)), int(rng.integers(1, 8))
+        kv = np.stack([rng.integers(0, 5, pool), rng.integers(0, width, pool),
+                       rng.integers(0, 3, pool)], 1)
+        if rng.random() < 0.3:
+            kv[rng.random(kv.shape) < 0.3] = -2 ** 62
+        table = rng.integers(-2, pool + 2, (3, width))
+        meta = rng.integers(0, 3, (b + 1, 16))
+        meta[:, ROW] = rng.integers(-3, 4, b + 1)
+        meta[:, START], meta[:, N] = rng.integers(-3, width, b + 1), rng.integers(0, 4, b + 1)
+        lens = rng.integers(-2, width + 3, b + 1)
+        tags = (0, 1, 2) if rng.random() < 0.5 else (2, 0, 1)
+        prefill, pfx = bool(rng.random() < 0.5), (5 if rng.random() < 0.5 else None)
+        meta[:, 5] = rng.integers(0, width, b + 1)
+        want = np.full((b + 1, C.CANARY), 7, dtype=np.int64)
+        got = want.copy()
+        t = [torch.from_numpy(a) for a in (kv, table, meta, lens, want)]
+        try:
+            C.canary(*t, tags, b, prefill, pfx)
+        except (IndexError, RuntimeError):
+            with pytest.raises(IndexError):
+                KH.canary(kv, table, meta, lens, got, tags, b, prefill, pfx)
+            continue
+        KH.canary(kv, table, meta, lens, got, tags, b, prefill, pfx)
+        assert (got == want).all(), (got, want)
+        checked += 1
+    assert checked > 100
