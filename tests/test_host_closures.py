@@ -266,3 +266,40 @@ def test_canary_twin_matches_torch(b):
         assert (got == want).all(), (got, want)
         checked += 1
     assert checked > 100
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_prefill_finish_twin_matches_torch(b):
+    """The prefill_finish twin (its one-entry path at ``b == 1``) writes what the torch
+    kernel writes, into the row-indexed FutureMap or a ring slot, sampled or not, last
+    chunk or not; and raises where the kernel's gathers refuse a slot."""
+    from fake_models.oracle import OracleModel
+    from overlapcheck.engine import kernels as K
+    from overlapcheck.engine import kernels_host as KH
+    model = OracleModel(vocab=50, agreement=60, salt=0)
+    rng = np.random.default_rng(5)
+    checked = 0
+    for _ in range(300):
+        kv, table, *_ = _oracle_inputs(rng, 0, rng.random() < 0.5)
+        meta = rng.integers(0, 2, (b + 1, 16))
+        meta[:, K.ROW] = rng.integers(0, 6, b + 1)
+        meta[:, K.START], meta[:, K.N] = rng.integers(0, 12, b + 1), rng.integers(1, 6, b + 1)
+        meta[:, K.SEED], meta[:, K.NEXT] = rng.integers(-9, 9, b + 1), rng.integers(0, 50, b + 1)
+        meta[:, K.FDST] = rng.integers(-2, 8, b + 1)
+        dst = K.ROW if rng.random() < 0.5 else K.FDST
+        fm = [rng.integers(0, 50, 6), rng.integers(0, 50, 6)]
+        outs = [rng.integers(0, 9, (b + 1, 3)), rng.integers(0, 9, b + 1)]
+        want = [a.copy() for a in fm + outs]
+        got = [a.copy() for a in fm + outs]
+        t = [torch.from_numpy(a) for a in want]
+        try:
+            K.prefill_finish(model, torch.from_numpy(kv), torch.from_numpy(table), t[0], t[1],
+                             torch.from_numpy(meta), t[2], t[3], b, dst)
+        except (IndexError, RuntimeError):
+            with pytest.raises(IndexError):
+                KH.prefill_finish(model, kv, table, got[0], got[1], meta, got[2], got[3], b, dst)
+            continue
+        KH.prefill_finish(model, kv, table, got[0], got[1], meta, got[2], got[3], b, dst)
+        assert all((g == w).all() for g, w in zip(got, want))
+        checked += 1
+    assert checked > 100

@@ -102,6 +102,9 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, 
     m = meta[:b]
     rows, ctx = m[:, ROW], m[:, START] + m[:, N]
     t = hm.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
+    if b == 1:
+        return _finish_one(fm_tok, fm_len, m[0].tolist(), int(t[0]), int(ctx[0]), out_tok,
+                           out_acc, dst)
     sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
     out_tok[:b, 0] = np.where(sample, t, -1)
     out_acc[:b] = sample
@@ -109,6 +112,19 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, 
     slots, keep = m[:, dst], _stores(last, dst)
     fm_tok[slots] = np.where(keep, nxt, fm_tok[slots])
     fm_len[slots] = np.where(keep, ctx, fm_len[slots])
+
+
+def _finish_one(fm_tok, fm_len, e, tok, ctx, out_tok, out_acc, dst):
+    """``prefill_finish`` after the target, for a batch of one entry (most prefills;
+    ``e``: its meta row, ``tok``: its target, ``ctx``: its context length): the same
+    writes, in the same order, on Python ints instead of a dozen one-value numpy ops."""
+    sample, last = e[SAMPLE] == 1, e[LAST] == 1
+    out_tok[0, 0] = tok if sample else -1
+    out_acc[0] = sample
+    nxt = tok if sample or not last else e[NEXT]
+    slot, keep = e[dst], last or dst != ROW      # ``_stores``
+    fm_tok[slot] = nxt if keep else fm_tok[slot]
+    fm_len[slot] = ctx if keep else fm_len[slot]
 
 
 @host_twin(K.resolve)
