@@ -80,6 +80,7 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, window
     variants = {n: kw for n, kw in modes.items() if "tp" not in kw}
     variants["non-overlap"] = {"overlap": False}
     m, out = model(model_name), {}
+    quiet = steady.QuietHost()     # a run the host was slow around is retried
 
     def once(batch, kw, n, windows=windows):
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
@@ -106,7 +107,7 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, window
                 rec[name] = {"skipped": str(e)}
 
         def run(name):
-            return once(batch, variants[name], steps)
+            return quiet.run(lambda: once(batch, variants[name], steps))
         warm = steady.warm_up(names, run, tol, warmup_rounds)
         runs = steady.rounds(names, repeat, run)
         for name, rs in runs.items():
