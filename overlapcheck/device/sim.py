@@ -378,7 +378,16 @@ class SimRuntime(Runtime):
         return self._enqueue(stream, RECORD, clock, event.raw[0])
 
     def _raw_wait(self, stream: Stream, event: Event, clock) -> None:
-        self._enqueue(stream, WAIT, clock, event.raw[1], None, (), None, None, event.last)
+        q, rec, info = stream.raw, event.last, event.raw[1]
+        if rec.retired and self._runs_now(q):       # ``_now`` of the wait, no op made
+            if rec.stream is not None:
+                q.waits.append((q.enq - 1, rec.stream.ctx, rec.seq + 1))
+            if self.trace:
+                self.retired.append((q.name, info.name, self.calls + 1))
+            return
+        q.ops.append(_Op(WAIT, stream, q.enq, clock, info, None, (), None, None, rec))
+        q.enq += 1
+        self._pending += 1
 
     def _raw_query(self, event: Event) -> bool:
         rec = event.last
@@ -503,7 +512,37 @@ class SimRuntime(Runtime):
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
-        self._enqueue(stream, COPY, clock, info, None, (dst, src), None, table, None, blocking)
+        q = stream.raw
+        if not blocking and self._runs_now(q):    # ``_now`` of the copy, no op made
+            try:
+                self._copy(dst, src)
+                if self.det is not None:
+                    self._feed(q.ctx, clock, info, None, table)
+            except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+                self._owed_exc = e
+                return
+            if self.trace:
+                self.retired.append((q.name, info.name, self.calls + 1))
+            return
+        q.ops.append(_Op(COPY, stream, q.enq, clock, info, None, (dst, src), None, table, None))
+        q.enq += 1
+        self._pending += 1
+
+    def _runs_now(self, q: _Queue) -> bool:
+        """Direct execution (module doc) of work the host queues on ``q`` now, without
+        an op: whether nothing else is queued and the next choice point (started here)
+        retires it first; if so the work counts as queued and retired, and the next
+        host call records that decision (``_owed``). Otherwise the caller queues the
+        work itself (not through ``_enqueue``: the point is started)."""
+        if not self._early or self._pending:
+            return False
+        if not self.strategy.early_point(q.name):
+            self._started = True
+            return False
+        q.enq += 1
+        q.ret += 1
+        self._owed = True
+        return True
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)
