@@ -284,7 +284,7 @@ def measure(args, name, model, batch) -> dict:
     modes = [m[0] for m in MODES if m[0] in args.modes]
 
     def run(mode):
-        return args.quiet.run(lambda: run_mode(args, name, model, batch, mode, ref)[0])
+        return run_mode(args, name, model, batch, mode, ref)[0]
     rec = {"model": name, "batch": batch, "modes": {}, "window_steps": args.steps,
            "windows": args.windows, "row_width": args.row_width or auto_row_width(args)}
     rec["warm_up"] = steady.warm_up(modes, run, args.tol, args.warmup_rounds)
@@ -298,8 +298,6 @@ def measure(args, name, model, batch) -> dict:
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
         med["timed_steps"], med["timed_tokens"] = rs[0]["steps"], rs[0]["tokens"]
         med["window_tokens_per_s"] = [r["window_tokens_per_s"] for r in rs]
-        med["host_slow"] = [r["host_slow"] for r in rs]
-        med["retries"] = sum(r["retries"] for r in rs)
         if "graphs" in rs[0]:
             med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
@@ -380,7 +378,7 @@ def print_rec(r):
               f"{m['steps_per_s']:8.1f} {m['syncs_per_step']:6.2f} {m['hidden_per_step']:6.2f} "
               f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s}"
               + (f"  violations: {len(m['violations'])}" if m.get("violations") else "")
-              + (f"  retried (host slow): {m['retries']}" if m.get("retries") else "")
+
               + (f"  graph captures failed: {m['graphs']['failed']}"
                  if m.get("graphs", {}).get("failed") else ""))
     w = r["warm_up"]
@@ -412,10 +410,6 @@ def main() -> None:
     ap.add_argument("--settle", type=int, default=3, help="steady steps before the first window")
     ap.add_argument("--tol", type=float, default=0.03,
                     help="warm-up: rounds until each mode agrees with its previous round within this")
-    ap.add_argument("--quiet-tol", type=float, default=0.10,
-                    help="retry a run when the host ran a fixed Python workload this much slower "
-                         "than its quickest, just before or after it")
-    ap.add_argument("--quiet-retries", type=int, default=3, help="retries per run (0: never)")
     ap.add_argument("--warmup-rounds", type=int, default=4,
                     help="cap on warm-up rounds (every mode, until each mode's rate agrees with its "
                          "previous round's within --tol; at least 2)")
@@ -441,9 +435,9 @@ def main() -> None:
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1 or \
             args.repeat < 1 or args.windows < 1 or args.tol <= 0 or args.min_seconds < 0 or \
-            args.settle < 0 or args.row_width < 0 or args.quiet_tol <= 0 or args.quiet_retries < 0:
+            args.settle < 0 or args.row_width < 0:
         ap.error(f"bad --modes/--models/--batch/--steps/--windows/--settle/--tol/--min-seconds/"
-                 f"--row-width/--quiet-tol/--quiet-retries (modes: {', '.join(x[0] for x in MODES)})")
+                 f"--row-width (modes: {', '.join(x[0] for x in MODES)})")
     try:
         check_available(args.device)
     except RuntimeError as e:
@@ -457,7 +451,6 @@ def main() -> None:
     t0 = time.perf_counter()
     doc = {"device": args.device, "gpu": obs.gpu_info(args.device),
            "torch": torch.__version__, "args": {k: v for k, v in vars(args).items()}, "configs": []}
-    args.quiet = steady.QuietHost(tol=args.quiet_tol, retries=args.quiet_retries)
     print(obs.gpu_line(doc["gpu"]))
     print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s median [min-max]':>27s} {'steps/s':>8s} {'syncs':>6s} "
           f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")

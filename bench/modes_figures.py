@@ -80,7 +80,6 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, window
     variants = {n: kw for n, kw in modes.items() if "tp" not in kw}
     variants["non-overlap"] = {"overlap": False}
     m, out = model(model_name), {}
-    quiet = steady.QuietHost()     # a run the host was slow around is retried
 
     def once(batch, kw, n, windows=windows):
         cfg, wl = G.make_case(model_name, m, batch, geo, True)
@@ -107,7 +106,7 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, window
                 rec[name] = {"skipped": str(e)}
 
         def run(name):
-            return quiet.run(lambda: once(batch, variants[name], steps))
+            return once(batch, variants[name], steps)
         warm = steady.warm_up(names, run, tol, warmup_rounds)
         runs = steady.rounds(names, repeat, run)
         for name, rs in runs.items():

@@ -1,8 +1,7 @@
 """The timing method the GPU benches share (docs/design.md §8.1): when a rate has settled,
 which order interleaved runs take, and how a figure is reported (the median with its
-min-max spread), and when a run is retried because the host was slow around it. Plain
-Python; callers pass rates, run functions and (``QuietHost``) the probe, so tests drive
-it with fakes.
+min-max spread). Plain Python, no clock of its own: callers pass rates or a run
+function, so tests drive it with a fake timer.
 
 * ``balanced_order``: round r runs the modes forward when r is even, backward when odd
   (ABBA for two modes), so a drift over the session falls on every mode alike.
@@ -10,14 +9,10 @@ it with fakes.
   round before (capped); ``rounds``: the measured rounds in balanced order.
 * ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
   from the rounds they shared (each round's ratio, then their median and range).
-* ``QuietHost``: a run is retried when a fixed host workload, timed just before and
-  just after it, ran slower than the quickest time seen so far by more than ``tol``.
 """
 from __future__ import annotations
 
-import math
 import statistics
-import time
 
 
 def agree(a: float, b: float, tol: float) -> bool:
@@ -76,44 +71,3 @@ def fmt_spread(s, spec: str = ".1f", width: int = 0) -> str:
         return "-".rjust(width)
     return f"{format(s['median'], spec)} [{format(s['min'], spec)}-{format(s['max'], spec)}]".rjust(width)
 
-
-def host_probe(n: int = 20000) -> float:
-    """Seconds a fixed pure-Python workload (dict updates, about 2 ms) takes on this
-    host, best of three: how fast the host runs Python right now."""
-    best = math.inf
-    for _ in range(3):
-        t = time.perf_counter()
-        d = {}
-        for i in range(n):
-            k = i & 1023
-            d[k] = d.get(k, 0) + i
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-class QuietHost:
-    """Runs ``fn`` between two ``probe`` readings of the host's speed and retries it (up
-    to ``retries`` times) when the slower reading is more than ``tol`` above the quickest
-    reading seen so far: on a shared machine the host has slow periods of seconds (its
-    Python then runs up to 2x slower, CPU time included), which land on whichever mode
-    runs then. ``run`` returns ``fn``'s dict with ``host_slow`` (that ratio) and
-    ``retries``. The quickest reading is the session's, so it settles over the warm-up."""
-
-    def __init__(self, probe=None, tol: float = 0.10, retries: int = 3):
-        self.probe, self.tol, self.retries = probe or host_probe, tol, retries
-        self.best = math.inf
-
-    def _read(self) -> float:
-        t = self.probe()
-        self.best = min(self.best, t)
-        return t
-
-    def run(self, fn) -> dict:
-        attempt = 0
-        while True:
-            before = self._read()
-            got = fn()
-            slow = max(before, self._read()) / self.best
-            if slow <= 1 + self.tol or attempt >= self.retries:
-                return dict(got, host_slow=round(slow, 3), retries=attempt)
-            attempt += 1

@@ -147,24 +147,3 @@ def test_auto_row_width_fits_the_reference_range():
     # every step may commit spec_steps + 1 tokens; the reference runs 3 steps past the range
     assert row - 16 - (3 + 1 + 8) >= (3 + 1) * (3 + 12 * 4 + 3)
 
-
-def test_quiet_host_retries_a_run_the_host_was_slow_around():
-    # probe readings in order: before and after each attempt; the quickest so far is 1.0
-    readings = iter([1.0, 1.05, 1.0, 1.6, 1.0, 1.02, 2.0, 2.0, 2.0, 2.0])
-    q = steady.QuietHost(probe=lambda: next(readings), tol=0.10, retries=1)
-    runs = []
-
-    def fn():
-        runs.append(len(runs))
-        return {"tokens_per_s": 1.0}
-    assert q.run(fn) == {"tokens_per_s": 1.0, "host_slow": 1.05, "retries": 0}
-    # 1.6 after the run: retried once; the retry's readings are quiet
-    assert q.run(fn) == {"tokens_per_s": 1.0, "host_slow": 1.02, "retries": 1}
-    # slow throughout: kept after the cap, and says how slow
-    assert q.run(fn) == {"tokens_per_s": 1.0, "host_slow": 2.0, "retries": 1}
-    assert runs == [0, 1, 2, 3, 4] and q.best == 1.0
-
-
-def test_host_probe_times_a_fixed_workload():
-    t = steady.host_probe(2000)
-    assert 0 < t < 5.0
