@@ -28,8 +28,9 @@ class Parity(Checker):
     def __init__(self, reference=None, parity_accept: bool = True, **context) -> None:
         super().__init__()
         self.ref = reference.requests if reference is not None else None
+        self.idle = self.ref is None
         self.accept = parity_accept
-        self.out: Dict[int, List[int]] = {}
+        self.kept: Dict[int, int] = {}      # per request: how many tokens it kept so far
         self.diverged: Set[int] = set()
 
     def _v(self, ev, rid: int, msg: str, expected: str, seen: str, kind: str) -> List[Violation]:
@@ -44,10 +45,15 @@ class Parity(Checker):
         if ref is None:
             return self._v(ev, rid, "not in the reference run", "a request of the reference",
                            "an unknown request", "unknown-request")
-        out = self.out.setdefault(rid, [])
+        return self._tokens(ev, rid, ref, tokens)
+
+    def _tokens(self, ev, rid: int, ref, tokens) -> List[Violation]:
+        p = self.kept.get(rid, 0)
+        if ref.tokens[p:p + len(tokens)] == tokens:
+            self.kept[rid] = p + len(tokens)   # nearly every result: the reference's next tokens
+            return []
         for tok in tokens:
-            p = len(out)
-            out.append(tok)
+            self.kept[rid] = p + 1
             if p < len(ref.tokens):
                 if ref.tokens[p] != tok:
                     return self._v(ev, rid, f"token {p} differs from the reference",
@@ -58,6 +64,7 @@ class Parity(Checker):
                                f"tokens ({ref.finish_reason})",
                                f"{len(ref.tokens)} tokens, then '{ref.finish_reason}'",
                                f"token {tok} at position {p}", "length")
+            p += 1
         return []
 
     def on_Prefilled(self, ev: E.Prefilled):
@@ -69,12 +76,14 @@ class Parity(Checker):
         if ev.dropped or self.ref is None or ev.rid in self.diverged:
             return []
         ref = self.ref.get(ev.rid)
-        if (self.accept and ref is not None and ev.index < len(ref.accept_lens)
+        if ref is None:
+            return self._append(ev, ev.rid, ev.tokens)
+        if (self.accept and ev.index < len(ref.accept_lens)
                 and ref.accept_lens[ev.index] != ev.accept_len):
             return self._v(ev, ev.rid, f"accept length of verify #{ev.index} differs from the "
                            f"reference", f"accept length {ref.accept_lens[ev.index]} (reference)",
                            f"accept length {ev.accept_len}", "accept-length")
-        return self._append(ev, ev.rid, ev.tokens)
+        return self._tokens(ev, ev.rid, ref, ev.tokens)
 
     def on_Finished(self, ev: E.Finished):
         if self.ref is None or ev.rid in self.diverged:
