@@ -36,6 +36,7 @@ class Lifecycle(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.specs: Dict[int, object] = {}
+        self.stop_ids: Dict[int, frozenset] = {}   # per request with a spec: its stop ids
         self.out: Dict[int, List[int]] = {}
         self.state: Dict[int, str] = {}
         self.ended: Dict[int, str] = {}
@@ -54,6 +55,7 @@ class Lifecycle(Checker):
         self.out[ev.rid] = []
         if ev.spec is not None:
             self.specs[ev.rid] = ev.spec
+            self.stop_ids[ev.rid] = frozenset(ev.spec.stop_ids)
         return []
 
     def _keep(self, ev, rid: int, tokens) -> List[Violation]:
@@ -71,8 +73,9 @@ class Lifecycle(Checker):
         out = self.out.setdefault(rid, [])
         out.extend(tokens)
         spec = self.specs.get(rid)
-        if spec is None:
-            return []
+        if spec is None or (self.stop_ids[rid].isdisjoint(tokens)
+                            and len(out) <= spec.max_new_tokens):
+            return []       # nearly every result: no stop token, within the limit
         v: List[Violation] = []
         stops = [i for i, t in enumerate(tokens) if t in spec.stop_ids]
         if stops and stops[0] < len(tokens) - 1:
@@ -126,9 +129,12 @@ class Lifecycle(Checker):
                          "a finish with reason 'stop' in the same step", "still live", "stop-not-finished")
         snap = ev.snapshot
         # a request settled before this snapshot keeps its state: the delta is enough
+        state = self.state
         for r in (snap.requests if snap.live is None else snap.live):
-            prev = self.state.get(r.rid)
-            self.state[r.rid] = r.state
+            prev = state.get(r.rid)
+            if prev == r.state and prev in REACH:
+                continue        # most requests, most steps: the same known state
+            state[r.rid] = r.state
             if r.state not in REACH:
                 v += self._v(ev, r.rid, f"request {r.rid} in unknown state", "a known state",
                              r.state, "unknown-state")
