@@ -61,6 +61,15 @@ class KVAccounting(Checker):
 
     # -- slots ----------------------------------------------------------------------------
     def on_Allocated(self, ev: E.Allocated) -> List[Violation]:
+        own = (ev.rid, ev.purpose, ev.iteration)
+        new = dict.fromkeys(ev.slots, own)
+        if (len(new) == len(ev.slots) and self.owned.keys().isdisjoint(new)
+                and (not self.pending or self.pending.keys().isdisjoint(new))
+                and (not self.cached or self.cached.keys().isdisjoint(new))):
+            # nearly every allocation: distinct free slots, taken in one go
+            self.owned.update(new)
+            self.by_rid[ev.rid].update(new)
+            return []
         out = []
         for s in ev.slots:
             prev = self.owned.get(s)
@@ -317,10 +326,13 @@ class KVAccounting(Checker):
                 self._leaks.append((own, s, it, f"pending past batch {until}"))
         if len(self.owned) != snap.owned or len(self.pending) != snap.pending:
             out += self._ledger_diff(snap, it)
+        width = snap.row_width
         for r in (snap.requests if snap.live is None else snap.live):   # settled: ended
+            if r.committed <= r.allocated and (not width or r.allocated <= width):
+                continue
             if r.state in ("finished", "aborted"):
                 continue
-            if not r.committed <= r.allocated <= (snap.row_width or r.allocated):
+            if not r.committed <= r.allocated <= (width or r.allocated):
                 out.append(self._v(it, f"request {r.rid}: lengths out of order",
                                    f"committed <= allocated <= row width {snap.row_width}",
                                    f"committed {r.committed}, allocated {r.allocated}",
