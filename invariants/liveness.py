@@ -31,6 +31,7 @@ from overlapcheck.engine import events as E
 from .base import Checker, Violation
 
 DEFAULT_BOUND = (64, 8)
+INF = float("inf")
 
 
 class Liveness(Checker):
@@ -43,6 +44,9 @@ class Liveness(Checker):
         self.base, self.per_token = liveness_bound
         self.size: Dict[int, int] = {}
         self.admitted: Dict[int, int] = {}
+        # no admitted request is a zombie before this step (a lower bound of their
+        # deadlines, made exact at each scan): most steps need no scan
+        self.due: float = INF
         self.reported: Set[int] = set()
         # livelock: the engine's prefill geometry (None: the rule is off)
         self.cfg = engine_config if hasattr(engine_config, "chunk_size") else None
@@ -57,12 +61,14 @@ class Liveness(Checker):
     def on_Arrived(self, ev: E.Arrived):
         if ev.spec is not None:
             self.size[ev.rid] = len(ev.spec.prompt) + ev.spec.max_new_tokens
+            self.due = -1        # a bound may have changed: scan at the next step
         if not self.live:
             self.progress = ev.iteration     # an idle engine owes no progress
         self.live.add(ev.rid)
 
     def on_RowAssigned(self, ev: E.RowAssigned):
         self.admitted[ev.rid] = ev.iteration
+        self.due = min(self.due, ev.iteration + self.bound(ev.rid))
 
     def _left(self, ev):
         self.admitted.pop(ev.rid, None)
@@ -87,7 +93,7 @@ class Liveness(Checker):
 
     def on_Verified(self, ev: E.Verified):
         if ev.tokens and not ev.dropped:
-            self._progressed(ev)
+            self.progress, self.retracted_since = ev.iteration, 0    # _progressed, inline
 
     def _livelock_bound(self) -> int:
         cfg = self.cfg
@@ -113,6 +119,8 @@ class Liveness(Checker):
 
     def on_StepEnd(self, ev: E.StepEnd) -> List[Violation]:
         out = self._livelock(ev)
+        if ev.iteration <= self.due:
+            return out
         for rid, since in self.admitted.items():
             if rid not in self.reported and ev.iteration - since > self.bound(rid):
                 self.reported.add(rid)
@@ -121,6 +129,8 @@ class Liveness(Checker):
                     f"has not ended", f"ends within {self.bound(rid)} steps of its admission",
                     f"still live after {ev.iteration - since} steps", ("zombie",),
                     {"rid": rid, "admitted": since}))
+        self.due = min((since + self.bound(rid) for rid, since in self.admitted.items()
+                        if rid not in self.reported), default=INF)
         return out
 
     def on_Stalled(self, ev: E.Stalled) -> List[Violation]:

@@ -48,6 +48,11 @@ class Metrics(Checker):
     def on_Verified(self, ev: E.Verified):
         if ev.dropped:
             return []
+        accepts = self.accepts[ev.rid]
+        if ev.index == len(accepts) and ev.rid not in self.ended:
+            accepts.append(ev.accept_len)      # nearly every verify: in sequence, live
+            self.tokens[ev.rid].extend(ev.tokens)
+            return []
         out = self._kept_after_end(ev, "verify")
         if ev.index != len(self.accepts[ev.rid]):
             out.append(self._v(ev.iteration, f"request {ev.rid}: verify index out of sequence",
