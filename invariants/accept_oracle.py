@@ -53,6 +53,7 @@ class AcceptOracle(Checker):
         self.topk = getattr(cfg, "topk", 1) if self.k else 1    # tree drafts (§4.12)
         predicted = not self.k or self.kind in getattr(model_golden, "kinds", ())
         self.golden = model_golden if cfg is not None and predicted else None
+        self.idle = self.golden is None
         self.ref = reference.requests if reference is not None else None
         self.ref_accept = parity_accept
         self.specs: Dict[int, object] = {}

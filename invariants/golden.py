@@ -43,6 +43,7 @@ class Golden(Checker):
                  **context) -> None:
         super().__init__()
         self.golden = model_golden if engine_config is not None else None
+        self.idle = self.golden is None
         self.ref = reference.requests if reference is not None else None
         self.max_context = getattr(engine_config, "max_context", 0)
         self.specs: Dict[int, object] = {}

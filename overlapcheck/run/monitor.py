@@ -35,12 +35,15 @@ class Monitor:
         self.problems: List[Finding] = []     # findings that are no checker's violation
         self._found: Dict[tuple, Finding] = {}
         # event class -> [(checker, its handler)], in checker order: an event goes only to
-        # the checkers that handle it (a checker with its own ``feed`` gets every event)
+        # the checkers that handle it (a checker with its own ``feed`` gets every event),
+        # none to an idle one
         self._routes: Dict[type, list] = {}
 
     def _route(self, cls: type) -> list:
         route = []
         for c in self.checkers:
+            if getattr(c, "idle", False):
+                continue
             if type(c).feed is Checker.feed:
                 h = getattr(c, "on_" + cls.__name__, None)
                 if h:
