@@ -340,16 +340,18 @@ def tree_compact(kv, table, meta, lens, path, out_acc, k, b):
 
 
 # -- canary.py -----------------------------------------------------------------------------
-_DIGEST = {}    # table width -> (positions, their digest factors)
+_DIGEST = {}    # table width -> (positions, their digest factors, those as a list)
 
 
 def _digest_factors(width: int):
     """``pos = arange(width)`` and ``(pos * 40503 + 17) % DIGEST_M + 1`` (the canary's
-    digest weights, the same for every call on a table of that width)."""
+    digest weights, the same for every call on a table of that width), and the factors
+    as Python ints."""
     hit = _DIGEST.get(width)
     if hit is None:
         pos = np.arange(width)
-        hit = _DIGEST[width] = (pos, (pos * 40503 + 17) % C.DIGEST_M + 1)
+        factor = (pos * 40503 + 17) % C.DIGEST_M + 1
+        hit = _DIGEST[width] = (pos, factor, factor.tolist())
     return hit
 
 
@@ -362,9 +364,9 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     tok_c, pos_c, rid_c = tags
     m = meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
-    if b == 1 and table.shape[1] and kv.shape[0]:
-        return _canary_one(kv, table, m[0], int(n[0]), out, tags, pfx)
-    pos, factor = _digest_factors(table.shape[1])
+    if b == 1 and table.shape[1] and kv.shape[0] and kv.dtype == np.int64:
+        return _canary_one(kv, table, m[0].tolist(), int(n[0]), out, tags, pfx)
+    pos, factor, _ = _digest_factors(table.shape[1])
     mask = pos < n[:, None]
     raw = table[m[:, ROW]]
     valid = (raw >= 0) & (raw < kv.shape[0])
@@ -400,35 +402,35 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
 
 
 def _canary_one(kv, table, m, n, out, tags, pfx):
-    """``canary`` of a batch of one entry (most batches): its record from the first
-    ``n`` positions of its table row only, where the mask of the general case is all
-    true (past ``n`` nothing counts, and a position past it reads slot 0), so none of
-    the masking ops: the same record on about two thirds of the numpy ops."""
+    """``canary`` of a batch of one entry (most batches; ``m``: its meta row as Python
+    ints, ``n``: its read length): its record from the first ``n`` positions of its
+    table row only, where the mask of the general case is all true (past ``n`` nothing
+    counts, and a position past it reads slot 0), a position at a time on Python ints
+    (int64 KV: every term stays below 2**62, where both agree) after two gathers."""
     tok_c, pos_c, rid_c = tags
-    pos, factor = _digest_factors(table.shape[1])
     c = min(max(n, 0), table.shape[1])
-    pos, factor = pos[:c], factor[:c]
-    raw = table[m[ROW], :c]
-    valid = (raw >= 0) & (raw < kv.shape[0])
-    rows = kv[np.where(valid, raw, 0)]                   # [c, kv_width]
-    bad = ~valid
-    bad |= rows[:, pos_c] != pos
-    foreign = rows[:, rid_c] != m[RID]
-    if pfx is not None:
-        foreign &= pos >= m[pfx]
-    bad |= foreign
-    terms = rows[:, tok_c] % C.DIGEST_M
-    terms *= factor
-    terms %= C.DIGEST_M
+    raw = table[m[ROW], :c].tolist()
+    size = kv.shape[0]
+    rows = kv[[s if 0 <= s < size else 0 for s in raw]].tolist() if c else []
+    factor = _digest_factors(table.shape[1])[2]
+    rid, shared = m[RID], (m[pfx] if pfx is not None else 0)
+    digest = nbad = 0
+    first = -1
+    for p in range(c):
+        r = rows[p]
+        if (not 0 <= raw[p] < size or r[pos_c] != p
+                or (r[rid_c] != rid and p >= shared)):
+            nbad += 1
+            if first < 0:
+                first = p
+        digest += r[tok_c] % C.DIGEST_M * factor[p] % C.DIGEST_M
     rec = out[0]
     rec[C.C_LEN] = n
-    rec[C.C_DIGEST] = _sum(terms) % C.DIGEST_M
-    nbad = np.count_nonzero(bad)
+    rec[C.C_DIGEST] = digest % C.DIGEST_M
     if not nbad:
         rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS] = 0, -1, -1
-        at = rows[0] if c else kv[0]
+        at = rows[0] if c else kv[0].tolist()
     else:
-        first = int(bad.argmax())
         rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS] = nbad, raw[first], first
         at = rows[first]
     rec[C.C_TOK], rec[C.C_KPOS], rec[C.C_RID] = at[tok_c], at[pos_c], at[rid_c]
