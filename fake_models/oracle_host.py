@@ -128,24 +128,26 @@ def store(dst, slots, new, src=None) -> None:
     dst[slots] = new
 
 
-def _one_query(kv, table, rows, ctx):
-    """For a hash of a single query (the common case: one request), its context
-    length ``c`` clipped to the table's width and the slots of its first ``c``
-    positions; else None. The masked positions past ``c`` add 0 and read slot 0
-    (there is one), so these slots are all the hash reads: the same index checks
-    (a slot or row out of range raises) on a few times fewer numpy ops."""
-    if rows.shape != (1,) or ctx.shape != (1,) or not kv.shape[0]:
-        return None
-    c = min(max(int(ctx[0]), 0), table.shape[1])
-    return c, table[rows[0], :c]
+def _single(kv, rows, ctx) -> bool:
+    """Whether a hash is of a single query (the common case: one request). Its hash
+    reads the slots of its first ``ctx`` positions only: the masked positions past
+    ``ctx`` add 0 and read slot 0 (there is one), so these are all the slots the hash
+    reads, with the same index checks (a slot or row out of range raises), on a few
+    times fewer numpy ops."""
+    return rows.shape == (1,) and ctx.shape == (1,) and kv.shape[0] > 0
+
+
+def raw_hash_one(kv, table, row: int, ctx: int) -> int:
+    """``raw_hash`` of one query (``row``, ``ctx``: ints) as an int: the terms of its
+    first ``ctx`` slots (see ``_single``; a pool that is not empty)."""
+    c = min(max(ctx, 0), table.shape[1])
+    return int(_sum(_terms(kv[table[row, :c], TOK], _factors(table.shape[1])[1][:c]))) % M
 
 
 def raw_hash(kv, table, rows, ctx_lens):
-    one = _one_query(kv, table, rows, ctx_lens)
-    if one is not None:
-        c, slots = one
-        return _sum(_terms(kv[slots, TOK], _factors(table.shape[1])[1][:c]),
-                    keepdims=True) % M
+    if _single(kv, rows, ctx_lens):
+        return np.array([raw_hash_one(kv, table, int(rows[0]), int(ctx_lens[0]))],
+                        dtype=np.int64)
     pos, factor = _factors(table.shape[1])
     mask = pos < ctx_lens[:, None]
     slots = np.where(mask, table[rows], 0)
@@ -155,10 +157,9 @@ def raw_hash(kv, table, rows, ctx_lens):
 def hash_columns(kv, table, rows, ctx, cols):
     """``oracle_heads._hash_columns``."""
     width = table.shape[1]
-    one = _one_query(kv, table, rows, ctx)
-    if one is not None:
-        c, slots = one
-        vals = kv[slots]
+    if _single(kv, rows, ctx):
+        c = min(max(int(ctx[0]), 0), width)
+        vals = kv[table[rows[0], :c]]
         h = 0
         for col in cols:
             h += int(_sum(_terms(vals[:, col], _factors(width, col)[1][:c])))
@@ -253,6 +254,11 @@ class OracleHost:
             return np.array(self._targets(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
                                           seeded.tolist()), dtype=np.int64)
         return self.sample(mix(raw, ctx_lens), seeds, ctx_lens, seeded)
+
+    def target_one(self, kv, table, row: int, ctx: int, seed: int, seeded: bool) -> int:
+        """``target`` of one query on ints (``ctx``, ``seed``: int64 values, as the
+        query's arrays hold them; a pool that is not empty)."""
+        return self._targets([raw_hash_one(kv, table, row, ctx)], [ctx], [seed], [seeded])[0]
 
     def _targets(self, raws, cs, ss, sds) -> list:
         """``sample(mix(raw, c), s, c, sd)`` per query, on Python ints."""

@@ -272,7 +272,8 @@ def test_canary_twin_matches_torch(b):
 def test_prefill_finish_twin_matches_torch(b):
     """The prefill_finish twin (its one-entry path at ``b == 1``) writes what the torch
     kernel writes, into the row-indexed FutureMap or a ring slot, sampled or not, last
-    chunk or not; and raises where the kernel's gathers refuse a slot."""
+    chunk or not, lengths that wrap around; and raises where the kernel's gathers
+    refuse a slot."""
     from fake_models.oracle import OracleModel
     from overlapcheck.engine import kernels as K
     from overlapcheck.engine import kernels_host as KH
@@ -284,6 +285,8 @@ def test_prefill_finish_twin_matches_torch(b):
         meta = rng.integers(0, 2, (b + 1, 16))
         meta[:, K.ROW] = rng.integers(0, 6, b + 1)
         meta[:, K.START], meta[:, K.N] = rng.integers(0, 12, b + 1), rng.integers(1, 6, b + 1)
+        if rng.random() < 0.2:      # poison lengths: their sum wraps around in int64
+            meta[:, K.START], meta[:, K.N] = 2 ** 62 + 5, 2 ** 62 + rng.integers(0, 9, b + 1)
         meta[:, K.SEED], meta[:, K.NEXT] = rng.integers(-9, 9, b + 1), rng.integers(0, 50, b + 1)
         meta[:, K.FDST] = rng.integers(-2, 8, b + 1)
         dst = K.ROW if rng.random() < 0.5 else K.FDST

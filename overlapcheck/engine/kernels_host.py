@@ -99,12 +99,14 @@ def prefill_write(model, kv, draft_kv, table, ptok, n):
 @host_twin(K.prefill_finish)
 def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, dst=ROW):
     hm = _model(model)
+    if b == 1 and meta.dtype == np.int64 and kv.shape[0]:
+        e = meta[0].tolist()      # one entry (most prefills): on Python ints
+        ctx = _int64(e[START] + e[N])
+        tok = hm.target_one(kv, table, e[ROW], ctx, e[SEED], e[SEEDED] == 1)
+        return _finish_one(fm_tok, fm_len, e, tok, ctx, out_tok, out_acc, dst)
     m = meta[:b]
     rows, ctx = m[:, ROW], m[:, START] + m[:, N]
     t = hm.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
-    if b == 1:
-        return _finish_one(fm_tok, fm_len, m[0].tolist(), int(t[0]), int(ctx[0]), out_tok,
-                           out_acc, dst)
     sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
     out_tok[:b, 0] = np.where(sample, t, -1)
     out_acc[:b] = sample
@@ -114,10 +116,15 @@ def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, 
     fm_len[slots] = np.where(keep, ctx, fm_len[slots])
 
 
+def _int64(x: int) -> int:
+    """``x`` wrapped to int64, as the sum of two int64 arrays wraps."""
+    return (x + 2 ** 63) % 2 ** 64 - 2 ** 63
+
+
 def _finish_one(fm_tok, fm_len, e, tok, ctx, out_tok, out_acc, dst):
-    """``prefill_finish`` after the target, for a batch of one entry (most prefills;
-    ``e``: its meta row, ``tok``: its target, ``ctx``: its context length): the same
-    writes, in the same order, on Python ints instead of a dozen one-value numpy ops."""
+    """``prefill_finish`` after the target, for a batch of one entry (``e``: its meta
+    row, ``tok``: its target, ``ctx``: its context length): the same writes, in the same
+    order, on Python ints instead of a dozen one-value numpy ops."""
     sample, last = e[SAMPLE] == 1, e[LAST] == 1
     out_tok[0, 0] = tok if sample else -1
     out_acc[0] = sample
