@@ -8,9 +8,10 @@ the digest equal to that of the request's own tokens at positions 0..n-1 (when t
 knows them all); and for a verify the host kept, the device read exactly the committed
 length the host had (a stale FutureMap length reads rejected draft slots).
 
-The expected digests are kept as prefix digests, one per committed length, extended as
-tokens commit: a canary record then costs O(1), not O(context), and a long run's steps
-do not grow slower with its contexts.
+The expected digests are kept as prefix digests, one per committed length, extended
+as far as a record reads (a record then costs its newly read tokens, not O(context),
+and a long run's steps do not grow slower with its contexts); a result only appends
+its tokens, so a model without canary records pays nearly nothing here.
 """
 from __future__ import annotations
 
@@ -41,48 +42,51 @@ class KVCanary(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.tokens: Dict[int, List[int]] = {}          # prompt + accepted output, per request
-        # per request: prefix[n] = E.token_digest(tokens[:n]), for n = 0..len(tokens)
+        # per request: prefix[n] = E.token_digest(tokens[:n]), for n up to the longest
+        # read so far (``digest`` extends it)
         self.prefix: Dict[int, List[int]] = {}
-        self.kept: Dict[Tuple[int, int], int] = {}      # (rid, batch) -> committed length read
+        # per request: (batch, committed length) of its kept verify whose record is due
+        # (a record comes right after its entry's result: ``events.Canary``)
+        self.kept: Dict[int, Tuple[int, int]] = {}
 
     def on_Arrived(self, ev: E.Arrived):
         if ev.spec is not None:
-            self.tokens[ev.rid] = []
+            self.tokens[ev.rid] = list(ev.spec.prompt)
             self.prefix[ev.rid] = [0]
-            self._extend(self.tokens[ev.rid], self.prefix[ev.rid], ev.spec.prompt)
 
-    @staticmethod
-    def _extend(toks: List[int], pref: List[int], tokens) -> None:
-        """Commit ``tokens`` after the request's own, with their prefix digests (the
-        terms of ``events.token_digest``, summed mod M one position at a time: the sum
-        of (t mod M) * w mod M and t * w agree mod M)."""
-        h, p = pref[-1], len(toks)
-        w = _WEIGHTS
-        if len(w) < p + len(tokens):
-            _grow_weights(p + len(tokens))
-        for t in tokens:
-            h = (h + t * w[p]) % DIGEST_M
-            pref.append(h)
-            p += 1
-        toks.extend(tokens)
+    def digest(self, rid: int, n: int) -> int:
+        """``events.token_digest`` of the request's first ``n`` tokens (``n`` at most
+        its count), from its prefix digests, extended to ``n`` one position at a time
+        (the sum of (t mod M) * w mod M and t * w agree mod M)."""
+        pref = self.prefix[rid]
+        if n >= len(pref):
+            toks, w = self.tokens[rid], _WEIGHTS
+            if len(w) < n:
+                _grow_weights(n)
+            h = pref[-1]
+            for p in range(len(pref) - 1, n):
+                h = (h + toks[p] * w[p]) % DIGEST_M
+                pref.append(h)
+        return pref[n]
 
     def on_Prefilled(self, ev: E.Prefilled):
         if not ev.dropped and ev.token >= 0 and ev.rid in self.tokens:
-            self._extend(self.tokens[ev.rid], self.prefix[ev.rid], (ev.token,))
+            self.tokens[ev.rid].append(ev.token)
 
     def on_Verified(self, ev: E.Verified):
         toks = self.tokens.get(ev.rid)
         if toks is not None and not ev.dropped:
-            self.kept[(ev.rid, ev.batch)] = len(toks) - 1
-            self._extend(toks, self.prefix[ev.rid], ev.tokens)
+            self.kept[ev.rid] = (ev.batch, len(toks) - 1)
+            toks.extend(ev.tokens)
 
     def on_Canary(self, ev: E.Canary) -> List[Violation]:
         rid, n = ev.rid, ev.read_len
-        exp = self.kept.pop((rid, ev.batch), None)
+        kept = self.kept.pop(rid, None)
+        exp = kept[1] if kept is not None and kept[0] == ev.batch else None
         if not ev.bad and n >= 0 and (exp is None or exp == n):
             # nearly every record: a good one, told apart without building a message
-            pref = self.prefix.get(rid)
-            if pref is None or n >= len(pref) or pref[n] == ev.digest:
+            toks = self.tokens.get(rid)
+            if toks is None or n > len(toks) or self.digest(rid, n) == ev.digest:
                 return []
         return self._check(ev, exp)
 
@@ -113,7 +117,7 @@ class KVCanary(Checker):
                 f"slot {ev.slot} holds (request {rid}, position {pos}, token {tok})", (kind,),
                 {"rid": ev.rid, "slot": ev.slot, "position": ev.position, "found": ev.found}))
         elif toks is not None and ev.read_len <= len(toks):
-            want = self.prefix[ev.rid][ev.read_len]
+            want = self.digest(ev.rid, ev.read_len)
             if want != ev.digest:
                 out.append(Violation(
                     self.name, ev.iteration, f"forward of {where} read tokens that are not the "

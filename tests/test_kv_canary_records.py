@@ -32,10 +32,10 @@ def test_a_good_record_is_quiet():
 
 
 def test_the_prefix_digests_are_the_digests_of_every_committed_prefix():
-    # the checker keeps one digest per committed length, extended as tokens commit
-    # (prompt, prefill token, verified runs); each equals the digest recomputed from
-    # scratch, so a record of any read length is held against the right one, and a
-    # record one token off is not
+    # the checker keeps one digest per committed length, extended as records read
+    # further (prompt, prefill token, verified runs); each equals the digest recomputed
+    # from scratch, so a record of any read length is held against the right one, and
+    # a record one token off is not
     import random
     rng = random.Random(5)
     prompt = tuple(rng.randrange(0, 1 << 40) for _ in range(9))
@@ -46,7 +46,18 @@ def test_the_prefix_digests_are_the_digests_of_every_committed_prefix():
     toks = list(prompt) + [11, 12, -3, 2**61 + 5]
     assert c.tokens[7] == toks
     for n in range(len(toks) + 1):
-        assert c.prefix[7][n] == E.token_digest(toks[:n])
+        assert c.digest(7, n) == E.token_digest(toks[:n])
         assert c.feed(E.Canary(3, 9, 7, n, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:n]))) == []
     bad = c.feed(E.Canary(3, 9, 7, 5, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:4])))
     assert [v.site for v in bad] == [("token-digest",)]
+
+
+def test_prefix_digests_read_longest_first_agree():
+    # a record reading the whole context extends the digests at once; shorter reads
+    # afterwards find the same values
+    c = KVCanary()
+    c.feed(E.Arrived(0, -1, 7, RequestSpec(7, 0, (5, 6, 7, 8), 16)))
+    c.feed(E.Verified(2, 1, 7, 0, 2, (9, 10), False))
+    toks = [5, 6, 7, 8, 9, 10]
+    for n in (6, 3, 0, 5):
+        assert c.digest(7, n) == E.token_digest(toks[:n])
