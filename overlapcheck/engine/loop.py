@@ -275,8 +275,8 @@ class Engine:
                     r.accept_lens.append(a)             # fault: a dropped verify counted
                 self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
             if cans is not None:
-                self._emit(E.Canary(it, bid, r.rid, *_canary_fields(cans[i]),
-                                    backup=C.backup_fields(cans[i]) if backup else ()))
+                self._emit(E.Canary(it, bid, r.rid,
+                                    *_canary_fields(cans[i], backup)))
             if ended is not None:
                 self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:
@@ -327,17 +327,17 @@ class Engine:
         """The step's ``Snapshot``, at a cost that follows what can have changed: the
         pool-sized ledger fields and the run-sized request list are computed when read
         (docs/design.md §5.1)."""
-        kv, ps = self.mem.kv, self.cfg.page_size
+        kv, ps, req_state = self.mem.kv, self.cfg.page_size, E.ReqState
         live, unsettled = [], self._unsettled
         settled_before = len(self._settled)
         for rid in sorted(unsettled):
             r = unsettled[rid]
-            st = E.ReqState(rid, r.state, r.row, r.committed, len(r.pages) * ps,
-                            len(r.output), tuple(r.inflight))
-            live.append(st)
-            if not st.inflight and r.done:       # settled: its state is final
+            inflight = tuple(r.inflight)
+            live.append(req_state(rid, r.state, r.row, r.committed, len(r.pages) * ps,
+                                  len(r.output), inflight))
+            if not inflight and r.state in (FINISHED, ABORTED):   # settled: its state is final
                 del unsettled[rid]
-                self._settled.append(st)
+                self._settled.append(live[-1])
         live = tuple(live)
         settled = self._settled
         return E.Snapshot(
@@ -415,6 +415,14 @@ def _rid(st: E.ReqState) -> int:
     return st.rid
 
 
-def _canary_fields(rec) -> tuple:
-    return (rec[C.C_LEN], rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS],
-            (rec[C.C_TOK], rec[C.C_KPOS], rec[C.C_RID]), rec[C.C_DIGEST])
+def _canary_fields(rec, backup: bool) -> tuple:
+    """The ``Canary`` fields after (iteration, batch, rid) of a canary record; ``backup``:
+    the record carries the KV backup's check."""
+    n, bad, slot, pos, tok, kpos, rid, digest = rec[:C.C_DIGEST + 1]
+    return (n, bad, slot, pos, (tok, kpos, rid), digest,
+            C.backup_fields(rec) if backup else ())
+
+
+# the record's fields in the order unpacked above
+assert (C.C_LEN, C.C_BAD, C.C_SLOT, C.C_POS, C.C_TOK, C.C_KPOS, C.C_RID,
+        C.C_DIGEST) == tuple(range(8))
