@@ -38,7 +38,9 @@ class KVAccounting(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.owned: Dict[int, Owner] = {}
-        self.by_rid: Dict[int, Set[int]] = defaultdict(set)
+        # per request: how many slots it owns (its slots are found in ``owned`` only
+        # when it ends still owning some: a leak)
+        self.n_owned: Dict[int, int] = {}
         self.pending: Dict[int, Tuple[int, Owner]] = {}        # slot -> (until batch, owner)
         self.rows: Dict[int, int] = {}                         # row -> request
         self.flagged: Set[int] = set()                         # slots already reported
@@ -68,7 +70,7 @@ class KVAccounting(Checker):
                 and (not self.cached or self.cached.keys().isdisjoint(new))):
             # nearly every allocation: distinct free slots, taken in one go
             self.owned.update(new)
-            self.by_rid[ev.rid].update(new)
+            self.n_owned[ev.rid] = self.n_owned.get(ev.rid, 0) + len(new)
             return []
         out = []
         for s in ev.slots:
@@ -84,16 +86,17 @@ class KVAccounting(Checker):
                 self._drop(s)
                 self.cached.pop(s, None)
             self.owned[s] = (ev.rid, ev.purpose, ev.iteration)
-            self.by_rid[ev.rid].add(s)
+            self.n_owned[ev.rid] = self.n_owned.get(ev.rid, 0) + 1
         return out
 
     def _drop(self, s: int) -> None:
         own = self.owned.pop(s, None)
         if own is not None:
-            held = self.by_rid[own[0]]
-            held.discard(s)
-            if not held:            # a request's empty set would stay for the whole run
-                del self.by_rid[own[0]]
+            n = self.n_owned[own[0]] - 1
+            if n:
+                self.n_owned[own[0]] = n
+            else:                   # a request's zero would stay for the whole run
+                del self.n_owned[own[0]]
         self.pending.pop(s, None)
 
     def on_Freed(self, ev: E.Freed) -> List[Violation]:
@@ -280,7 +283,9 @@ class KVAccounting(Checker):
     # -- ends of ownership ------------------------------------------------------------------
     def _gone(self, ev, cause: str) -> List[Violation]:
         self._lock_leak(ev, cause)
-        for s in sorted(self.by_rid.get(ev.rid, ())):
+        held = (sorted(s for s, own in self.owned.items() if own[0] == ev.rid)
+                if self.n_owned.get(ev.rid) else ())
+        for s in held:
             if s not in self.flagged:
                 self.flagged.add(s)
                 self._leaks.append((self.owned[s], s, ev.iteration, cause))
