@@ -43,6 +43,7 @@ class Lifecycle(Checker):
         self.stopped: Dict[int, int] = {}      # rid -> step its stop token was kept, awaiting Finished
         self.overrun: Set[int] = set()         # kept a stop token, did not finish that step
         self.noted: Set[int] = set()           # already reported for tokens after their end
+        self.closed: Set[int] = set()          # in ended, stopped or overrun (once in, for good)
 
     def _v(self, ev, rid: Optional[int], msg, expected, seen, kind) -> List[Violation]:
         return [Violation(self.name, ev.iteration, msg, expected, seen, (kind,),
@@ -84,6 +85,7 @@ class Lifecycle(Checker):
                          f"tokens {list(tokens)} kept", "stop-not-cut")
         if stops:
             self.stopped[rid] = ev.iteration
+            self.closed.add(rid)
         if len(out) > spec.max_new_tokens:
             v += self._v(ev, rid, f"request {rid}: output beyond max_new_tokens",
                          f"at most {spec.max_new_tokens} tokens", f"{len(out)} tokens",
@@ -94,7 +96,16 @@ class Lifecycle(Checker):
         return [] if ev.dropped or ev.token < 0 else self._keep(ev, ev.rid, (ev.token,))
 
     def on_Verified(self, ev: E.Verified):
-        return [] if ev.dropped else self._keep(ev, ev.rid, ev.tokens)
+        if ev.dropped:
+            return []
+        rid, tokens = ev.rid, ev.tokens
+        out, spec = self.out.get(rid), self.specs.get(rid)
+        if (out is not None and spec is not None and rid not in self.closed
+                and self.stop_ids[rid].isdisjoint(tokens)
+                and len(out) + len(tokens) <= spec.max_new_tokens):
+            out.extend(tokens)      # nearly every verify: _keep's common case, inline
+            return []
+        return self._keep(ev, rid, tokens)
 
     def _end(self, ev, how: str, reason: str) -> List[Violation]:
         rid, v = ev.rid, []
@@ -102,6 +113,7 @@ class Lifecycle(Checker):
             return self._v(ev, rid, f"request {rid} {how} after it {self.ended[rid]}",
                            "one end per request", f"{how} ({reason})", "ended-twice")
         self.ended[rid] = how
+        self.closed.add(rid)
         stopped = self.stopped.pop(rid, None) is not None or rid in self.overrun
         self.overrun.discard(rid)
         kept = self.out.get(rid, [])
