@@ -26,6 +26,7 @@ class Timed:
 
     def __init__(self, checker):
         self.c, self.name, self.fatal, self.spent = checker, checker.name, checker.fatal, 0.0
+        self.idle = checker.idle        # the Monitor feeds an idle checker nothing
 
     def feed(self, ev):
         t0 = time.perf_counter()
