@@ -19,6 +19,7 @@ import numpy as np
 from .oracle import KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT, TOK, M, ranked
 
 FEAT = KV_WIDTH
+assert (TOK, POS, RID) == (0, 1, 2)    # a KV row is (token, position, request)
 _MIX = {}   # y -> (y % M) * 69621 + 12345 for the constant salts
 
 
@@ -228,6 +229,22 @@ class OracleHost:
         store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
 
     write_draft_kv = write_kv
+
+    def write_kv_tokens(self, kv, slots, tokens) -> bool:
+        """``write_kv`` of a few tokens on Python ints: ``slots``, their slots (table
+        values), ``tokens``, a ``(row, position, token, request)`` list each; False
+        (nothing written) where the KV row is not the oracle's int64 one, which the
+        array path takes. Every slot is checked before the first write, as numpy's
+        scatter does, and a slot's last writer wins, as there."""
+        if kv.shape[1] != KV_WIDTH or kv.dtype != _I64:
+            return False
+        size = kv.shape[0]
+        for s in slots:
+            if not -size <= s < size:
+                raise IndexError("slot out of range (torch's scatter refuses it)")
+        for s, (_, pos, tok, rid) in zip(slots, tokens):
+            kv[s] = (tok, pos, rid)           # (TOK, POS, RID): the row's columns in order
+        return True
 
     def context_hash(self, kv, table, rows, ctx_lens):
         return mix(raw_hash(kv, table, rows, ctx_lens), ctx_lens)

@@ -306,3 +306,46 @@ def test_prefill_finish_twin_matches_torch(b):
         assert all((g == w).all() for g, w in zip(got, want))
         checked += 1
     assert checked > 100
+
+
+def test_prefill_write_twin_matches_torch():
+    """The prefill_write twin (Python ints up to ``_FEW`` tokens, arrays past it) stores
+    what the torch kernel stores in the target and draft pools: duplicate slots (the last
+    writer wins), negative slots, a draft pool smaller than the target's; and raises
+    where the kernel's gather or scatter refuses an index, having written nothing the
+    kernel, run next from the start, does not write the same way."""
+    from fake_models.oracle import OracleModel
+    from overlapcheck.engine import kernels as K
+    from overlapcheck.engine import kernels_host as KH
+    model = OracleModel(vocab=50, agreement=60, salt=0)
+    rng = np.random.default_rng(9)
+    checked = raised = 0
+    for _ in range(400):
+        pool = int(rng.integers(2, 12))
+        table = rng.integers(-2, pool + 2, (3, 6))
+        n = int(rng.integers(0, 12))
+        ptok = np.stack([rng.integers(-1, 4, 12), rng.integers(-1, 7, 12),
+                         rng.integers(0, 50, 12), rng.integers(0, 3, 12)], 1)
+        kv = rng.integers(0, 9, (pool, 3))
+        draft = rng.integers(0, 9, (int(rng.integers(1, pool + 1)), 3)) if rng.random() < 0.5 else None
+        want = [kv.copy(), None if draft is None else draft.copy()]
+        got = [kv.copy(), None if draft is None else draft.copy()]
+        t = [torch.from_numpy(a) if a is not None else None for a in want]
+        try:
+            K.prefill_write(model, t[0], t[1], torch.from_numpy(table), torch.from_numpy(ptok), n)
+            ok = True
+        except (IndexError, RuntimeError):
+            ok = False
+        if ok:
+            KH.prefill_write(model, got[0], got[1], table, ptok, n)
+            checked += 1
+        else:     # the runtime then runs the kernel from the start, over the twin's writes
+            with pytest.raises(IndexError):
+                KH.prefill_write(model, got[0], got[1], table, ptok, n)
+            g = [torch.from_numpy(a) if a is not None else None for a in got]
+            with pytest.raises((IndexError, RuntimeError)):
+                K.prefill_write(model, g[0], g[1], torch.from_numpy(table),
+                                torch.from_numpy(ptok), n)
+            raised += 1
+        assert all(g is None or (g == w).all() for g, w in zip(got, want))
+    assert checked > 40 and raised > 40

@@ -86,9 +86,22 @@ def write_table(table, cells, n):
     table[c[:, 0] + c[:, 1] // w, c[:, 1] % w] = c[:, 2]
 
 
+_FEW = 8     # up to this many prompt tokens, prefill_write runs on Python ints
+assert (P_ROW, P_POS, P_TOK, P_RID) == (0, 1, 2, 3)   # a staged token's columns
+
+
 @host_twin(K.prefill_write)
 def prefill_write(model, kv, draft_kv, table, ptok, n):
     hm = _model(model)
+    if n <= _FEW and ptok.dtype == np.int64:
+        # a few tokens (most chunks): each one's slot looked up as the gather does (an
+        # index out of range raises before any write), then stored on Python ints (the
+        # oracle writes its draft KV as its target KV)
+        toks = ptok[:n].tolist()
+        slots = [int(table[r, q]) for r, q, _, _ in toks]
+        if hm.write_kv_tokens(kv, slots, toks) and (
+                draft_kv is None or hm.write_kv_tokens(draft_kv, slots, toks)):
+            return
     p = ptok[:n]
     args = (table, p[:, P_ROW], p[:, P_POS], p[:, P_TOK], p[:, P_RID])
     hm.write_kv(kv, *args)
