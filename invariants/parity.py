@@ -30,7 +30,9 @@ class Parity(Checker):
         self.ref = reference.requests if reference is not None else None
         self.idle = self.ref is None
         self.accept = parity_accept
-        self.kept: Dict[int, int] = {}      # per request: how many tokens it kept so far
+        # per request that kept tokens: [how many so far, the reference's tokens, its
+        # accept lengths] (one lookup for a verify's common case)
+        self.cursor: Dict[int, list] = {}
         self.diverged: Set[int] = set()
 
     def _v(self, ev, rid: int, msg: str, expected: str, seen: str, kind: str) -> List[Violation]:
@@ -48,12 +50,15 @@ class Parity(Checker):
         return self._tokens(ev, rid, ref, tokens)
 
     def _tokens(self, ev, rid: int, ref, tokens) -> List[Violation]:
-        p = self.kept.get(rid, 0)
+        cur = self.cursor.get(rid)
+        if cur is None:
+            cur = self.cursor[rid] = [0, ref.tokens, ref.accept_lens]
+        p = cur[0]
         if ref.tokens[p:p + len(tokens)] == tokens:
-            self.kept[rid] = p + len(tokens)   # nearly every result: the reference's next tokens
+            cur[0] = p + len(tokens)           # nearly every result: the reference's next tokens
             return []
         for tok in tokens:
-            self.kept[rid] = p + 1
+            cur[0] = p + 1
             if p < len(ref.tokens):
                 if ref.tokens[p] != tok:
                     return self._v(ev, rid, f"token {p} differs from the reference",
@@ -75,6 +80,15 @@ class Parity(Checker):
     def on_Verified(self, ev: E.Verified):
         if ev.dropped or self.ref is None or ev.rid in self.diverged:
             return []
+        cur = self.cursor.get(ev.rid)
+        if cur is not None:     # the common case: accept length and tokens as the reference's
+            p, ref_tokens, ref_accepts = cur
+            tokens = ev.tokens
+            if ((not self.accept or ev.index >= len(ref_accepts)
+                 or ref_accepts[ev.index] == ev.accept_len)
+                    and ref_tokens[p:p + len(tokens)] == tokens):
+                cur[0] = p + len(tokens)
+                return []
         ref = self.ref.get(ev.rid)
         if ref is None:
             return self._append(ev, ev.rid, ev.tokens)
