@@ -492,20 +492,9 @@ class SimRuntime(Runtime):
         """Queue ``fn``; it runs when the stream retires it (``_enqueue``, inlined: the
         most frequent op)."""
         q = stream.raw
-        if self._early and not self._pending:
-            if self.strategy.early_point(q.name):     # ``_now`` of the kernel, no op made
-                q.enq += 1
-                q.ret += 1
-                self._owed = True
-                try:
-                    self._run_closure(fn, args, kwargs, declared, q.ctx, clock, info)
-                except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
-                    self._owed_exc = e
-                    return
-                if self.trace:
-                    self.retired.append((q.name, info.name, self.calls + 1))
-                return
-            self._started = True
+        if self._runs_now(q):                     # ``_now`` of the kernel, no op made
+            return self._ran_now(q, info, self._run_closure, fn, args, kwargs, declared,
+                                 q.ctx, clock, info)
         q.ops.append(_Op(KERNEL, stream, q.enq, clock, info, fn, args, kwargs, declared, None))
         q.enq += 1
         self._pending += 1
@@ -514,16 +503,7 @@ class SimRuntime(Runtime):
                   info: OpInfo, table: dict, clock) -> None:
         q = stream.raw
         if not blocking and self._runs_now(q):    # ``_now`` of the copy, no op made
-            try:
-                self._copy(dst, src)
-                if self.det is not None:
-                    self._feed(q.ctx, clock, info, None, table)
-            except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
-                self._owed_exc = e
-                return
-            if self.trace:
-                self.retired.append((q.name, info.name, self.calls + 1))
-            return
+            return self._ran_now(q, info, self._copy_fed, dst, src, q.ctx, clock, info, table)
         q.ops.append(_Op(COPY, stream, q.enq, clock, info, None, (dst, src), None, table, None))
         q.enq += 1
         self._pending += 1
@@ -543,6 +523,23 @@ class SimRuntime(Runtime):
         q.ret += 1
         self._owed = True
         return True
+
+    def _ran_now(self, q: _Queue, info: OpInfo, work, *args) -> None:
+        """Direct execution's run of ``work(*args)`` (``_runs_now`` said yes): an
+        exception is kept (``_owed_exc``) and raised where the deferred run raises it;
+        the trace records the retire under the next host call."""
+        try:
+            work(*args)
+        except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+            self._owed_exc = e
+            return
+        if self.trace:
+            self.retired.append((q.name, info.name, self.calls + 1))
+
+    def _copy_fed(self, dst: Buffer, src: Buffer, ctx, clock, info: OpInfo, table: dict) -> None:
+        self._copy(dst, src)
+        if self.det is not None:
+            self._feed(ctx, clock, info, None, table)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         out = torch.empty_like(buf.t)
