@@ -313,12 +313,6 @@ def measure(args, name, model, batch) -> dict:
                       ("checked_detector_ratio", "checked+detector", "overlap")):
         sp = ratio(a, b)
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
-    # the host's side of the checker overhead: unchecked over checked CPU per step (a
-    # host-bound model's throughput ratio, without the machine's wall-clock jitter)
-    if "checked" in runs and "overlap" in runs:
-        rec["checked_host_cpu_ratio_spread"] = steady.paired_ratio(
-            [r["host_cpu_ms_per_step"] for r in runs["overlap"]],
-            [r["host_cpu_ms_per_step"] for r in runs["checked"]])
     observe(args, name, model, batch, rec)
     return rec
 
@@ -387,10 +381,7 @@ def print_rec(r):
           f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
           f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
           f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
-          f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}"
-          + (f"; host CPU per step unchecked/checked "
-             f"{steady.fmt_spread(r['checked_host_cpu_ratio_spread'], '.3f')}"
-             if r.get("checked_host_cpu_ratio_spread") else ""))
+          f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}")
     for p in r.get("profiles", {}).values():
         print(f"{'':24s} profile: {p}")
 
