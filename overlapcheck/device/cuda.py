@@ -1,8 +1,9 @@
 """The ``cuda`` backend: real ``torch.cuda`` streams, events, pinned memory and
 non-blocking copies.
 
-``launch`` runs the closure at once under ``torch.cuda.stream(s)``: the kernels it
-issues are queued on ``s``. With the detector off a launch is nothing but that call.
+``launch`` runs the closure at once with ``s`` the current stream (``_on``, what
+``torch.cuda.stream(s)`` does): the kernels it issues are queued on ``s``. With the
+detector off a launch is nothing but that call.
 With it on, the closure's accesses — its declaration (``access="declared"``) or what
 the access inference mode intercepts (``"infer"``) — are checked with the clock the
 stream work was enqueued under, exactly as on the sim, so the verdict does not depend
@@ -42,10 +43,21 @@ class CudaRuntime(Runtime):
                              "with graphs the race detector needs declared accesses")
         super().__init__(detect=detect, access=access, on_race=on_race)
         self.graphs = graphs
+        self._dev = torch.cuda.current_device()
         self._mem = 0
         self._freed: Dict[int, object] = {}  # data_ptr of a freed block -> its memory id
 
     # -- streams and events ------------------------------------------------------------
+    def _on(self, raw):
+        """Make ``raw`` the thread's current stream; returns the one to restore (with
+        ``torch.cuda.set_stream``). ``torch.cuda.stream(raw)`` does the same switch, but
+        looks the device up several times per use, each lookup reading the process
+        environment: about a fifth of the host's time per engine step in a
+        CUDA-graphed decode (docs/design.md §8.1). The runtime's device is known."""
+        prev = torch.cuda.current_stream(self._dev)
+        torch.cuda.set_stream(raw)
+        return prev
+
     def _raw_stream(self, name):
         return torch.cuda.Stream()
 
@@ -81,9 +93,12 @@ class CudaRuntime(Runtime):
         return mem
 
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
-        with torch.cuda.stream(stream.raw):
+        prev = self._on(stream.raw)
+        try:
             t = torch.empty(tuple(shape), dtype=dtype, device="cuda")
             t.fill_(poison_value(dtype))
+        finally:
+            torch.cuda.set_stream(prev)
         # The poison fill is part of the allocation, as on the sim: not an access.
         return self._register(Buffer(name, t, DEVICE, self._mem_for(t), self._next_serial(),
                                      stream))
@@ -113,25 +128,34 @@ class CudaRuntime(Runtime):
 
     # -- device work -------------------------------------------------------------------
     def _raw_launch(self, stream: Stream, fn, args, kwargs, info, declared, clock) -> None:
-        """Run ``fn`` now under ``torch.cuda.stream``: its kernels queue on ``stream``.
+        """Run ``fn`` now on ``stream`` (``_on``): its kernels queue there.
         With graphs and the detector, a launch is fed by its declaration alone (the
         replayed kernels are invisible to interception), so it must have one."""
         if declared is None and self.graphs and self.det is not None:
             raise ValueError(f"launch '{info.name}' declares no accesses: with CUDA graphs "
                              f"the race detector sees a launch only through its declaration")
-        with torch.cuda.stream(stream.raw):
+        prev = self._on(stream.raw)
+        try:
             self._run_closure(fn, args, kwargs, declared, stream.ctx, clock, info)
+        finally:
+            torch.cuda.set_stream(prev)
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
-        with torch.cuda.stream(stream.raw):
+        prev = self._on(stream.raw)
+        try:
             dst.t.copy_(src.t, non_blocking=not blocking)
+        finally:
+            torch.cuda.set_stream(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
-        with torch.cuda.stream(stream.raw):
+        prev = self._on(stream.raw)
+        try:
             out = buf.t.to("cpu")
+        finally:
+            torch.cuda.set_stream(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
         return out

@@ -72,6 +72,7 @@ class GraphCache:
         self._capture = capture if capture is not None else cuda_capture()
         self.max_graphs = max_graphs
         self._seen: Dict[tuple, Any] = {}   # signature -> "warm" | _Graph | None (eager)
+        self._dev: Optional[int] = None     # the CUDA device, once it is initialized
         self.graphs = 0
         self.stats = GraphStats()
 
@@ -89,7 +90,9 @@ class GraphCache:
                 key.append(("V", type(a).__name__, a))
             else:
                 return None
-        key.append(_stream_key())
+        if self._dev is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._dev = torch.cuda.current_device()
+        key.append(_stream_key(self._dev))
         return tuple(key), dynamic
 
     def call(self, name: str, fn: Callable, *args, **kwargs):
@@ -164,8 +167,12 @@ def _check_outputs(out) -> None:
         raise TypeError(f"a graphed call must return None or tensors, got {type(out).__name__}")
 
 
-def _stream_key():
-    """The caller's stream: graphs replay where they were asked for, one pool each."""
+def _stream_key(dev: Optional[int] = None):
+    """The caller's stream: graphs replay where they were asked for, one pool each.
+    ``dev``: the device, where the caller knows it (looking it up reads the process
+    environment, a cost per call that a replay should not pay)."""
+    if dev is not None:
+        return ("stream", torch.cuda.current_stream(dev).cuda_stream)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return ("stream", torch.cuda.current_stream().cuda_stream)
     return ("stream", None)
