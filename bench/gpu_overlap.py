@@ -87,27 +87,32 @@ class RowTooShort(Exception):
 
 class Window:
     """Wraps ``eng.step``: waits for steady decode and ``settle`` more steps, then times
-    ``windows`` consecutive windows of ``steps`` steps each and stops the run
-    (docs/design.md §8.1). The range is fixed: every mode and every round of a config
-    times the same steps of the same workload, so they commit the same tokens at the
-    same context lengths, and a figure differs from another only by time. ``hooks``:
-    callables "start" (after the first sync), "end" (before the last sync) and "after"
-    (after it).
+    ``windows`` windows of ``steps`` steps each and stops the run (docs/design.md §8.1).
+    The range is fixed: every mode and every round of a config times the same steps of
+    the same workload, so they commit the same tokens at the same context lengths, and a
+    figure differs from another only by time. ``hooks``: callables "start" (after the
+    first sync), "end" (before the last sync) and "after" (after it).
 
-    Nothing drains the pipeline between windows: on a GPU a window boundary records an
-    event on every stream of the runtime (its time is the latest of them, when the work
-    queued by then is done); the device is synchronized only before the first window and
-    after the last, and the windows are read from the events then. The collector is off
-    over the windows (``gc.collect`` runs before), as serving engines freeze it: a full
+    Back to back (``interleave`` off), nothing drains the pipeline between windows: on a
+    GPU a window boundary records an event on every stream of the runtime (its time is
+    the latest of them, when the work queued by then is done); the device is
+    synchronized only before the first window and after the last, and the windows are
+    read from the events then. Interleaved (``interleave`` on, ``lockstep``), the run
+    pauses at the end of each window (``paused``) while other runs take theirs, and
+    ``resume`` starts the next one from a synchronized device. The collector is off over
+    the windows (``gc.collect`` runs before), as serving engines freeze it: a full
     collection in a window is a host stall of milliseconds that the window would charge
     to the mode."""
 
-    def __init__(self, eng, device, n_req, settle, steps, windows=1, hooks=None):
+    def __init__(self, eng, device, n_req, settle, steps, windows=1, hooks=None,
+                 interleave=False):
         if steps < 1 or windows < 1:
             raise ValueError("a timed range needs at least one window of one step")
         self.eng, self.device, self.n_req, self.settle, self.steps = eng, device, n_req, settle, steps
         self.windows, self.hooks, self.n, self.result = windows, hooks or {}, 0, None
-        self.marks = []    # counters at each window boundary, the first window's start first
+        self.interleave, self.paused = interleave, False
+        self.spans = []    # (counters at a window's start, at its end), one per window
+        self._start = None
         self.gpu = device_info(device).gpu
         self._gc = gc.isenabled()
         self._step, eng.step = eng.step, self.step
@@ -137,7 +142,7 @@ class Window:
         stream of each boundary; the device was synchronized since), else the host's clock."""
         if a[5] is None:
             return b[0] - a[0]
-        ref = self.marks[0][5][0]
+        ref = self.spans[0][0][5][0]
         return (max(ref.elapsed_time(ev) for ev in b[5])
                 - max(ref.elapsed_time(ev) for ev in a[5])) / 1e3
 
@@ -145,24 +150,36 @@ class Window:
         reqs = self.eng.requests.values()
         return len(reqs) == self.n_req and all(r.state == RUNNING for r in reqs)
 
+    def resume(self) -> None:
+        """Start the next window of an interleaved run, from a synchronized device."""
+        self.sync()
+        self.paused = False
+        self._start = self.counters()
+
     def step(self):
-        if self.result is None and self.n == 0 and self.steady():
+        if self.result is None and self.n == 0 and self._start is None and self.steady():
             self.settle -= 1
             if self.settle < 0:
                 self.sync()
-                gc.disable()
+                if self._gc:
+                    gc.disable()
                 self.hooks.get("start", _nop)()
-                self.marks.append(self.counters())
+                self._start = self.counters()
         self._step()
-        if self.result is None and self.settle < 0:
+        if self.result is None and self._start is not None:
             self.n += 1
             if self.n % self.steps == 0:
                 last = self.n == self.steps * self.windows
                 if last:
                     self.hooks.get("end", _nop)()
-                self.marks.append(self.counters())
+                end = self.counters()
+                self.spans.append((self._start, end))
                 if last:
                     return self.finish()
+                if self.interleave:
+                    self.paused = True
+                else:
+                    self._start = end
             if not self.steady():
                 self.sync()
                 if self._gc:
@@ -171,23 +188,28 @@ class Window:
                                   f"range of {self.steps * self.windows}")
 
     def finish(self):
-        """The figures over the whole range, and each window's rate."""
+        """The figures over the whole range (the sums of its windows), and each
+        window's rate."""
         self.sync()
         if not self.gpu:   # the host clock after the sync (the sim's work is done)
-            self.marks[-1] = (time.perf_counter(),) + self.marks[-1][1:]
+            a, b = self.spans[-1]
+            self.spans[-1] = (a, (time.perf_counter(),) + b[1:])
         self.hooks.get("after", _nop)()
         if self._gc:
             gc.enable()
-        a, b = self.marks[0], self.marks[-1]
-        dt, n = self._seconds(a, b), b[4] - a[4]
-        per = [(y[1] - x[1]) / max(self._seconds(x, y), 1e-12)
-               for x, y in zip(self.marks, self.marks[1:])]
-        self.result = {"steps": n, "seconds": dt, "tokens": b[1] - a[1],
-                       "tokens_per_s": (b[1] - a[1]) / dt, "steps_per_s": n / dt,
-                       "syncs_per_step": (b[2] - a[2]) / n,
-                       "declared_per_step": (b[3] - a[3]) / n, "windows": len(per),
-                       "host_cpu_ms_per_step": (b[6] - a[6]) * 1e3 / n,
-                       "window_tokens_per_s": [round(x, 1) for x in per]}
+        secs = [max(self._seconds(a, b), 1e-12) for a, b in self.spans]
+        dt = sum(secs)
+
+        def total(i):
+            return sum(b[i] - a[i] for a, b in self.spans)
+        tokens, n = total(1), total(4)
+        self.result = {"steps": n, "seconds": dt, "tokens": tokens,
+                       "tokens_per_s": tokens / dt, "steps_per_s": n / dt,
+                       "syncs_per_step": total(2) / n,
+                       "declared_per_step": total(3) / n, "windows": len(secs),
+                       "host_cpu_ms_per_step": total(6) * 1e3 / n,
+                       "window_tokens_per_s": [round((b[1] - a[1]) / t, 1)
+                                               for (a, b), t in zip(self.spans, secs)]}
         raise _Done
 
 
@@ -218,42 +240,108 @@ def make_monitor(ref):
     return Monitor(make_checkers((), reference=ref))
 
 
+class ModeRun:
+    """One run of ``mode`` on the config's workload, up to the end of its timed range:
+    ``go`` runs it through (``Engine.run``); ``window`` steps it through its next window
+    only, for ``lockstep``."""
+
+    def __init__(self, args, name, model, batch, mode, ref=None, hooks=None, steps=None,
+                 windows=None, settle=None, interleave=False):
+        _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
+        self.label = f"{name} B={batch} {mode}"
+        cfg, self.wl = make_case(name, model, batch, args, overlap)
+        if not interleave:
+            gc.collect()
+        graphs = args.graphs and device_info(args.device).gpu
+        rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect,
+                          access="declared", graphs=graphs)
+        self.mon = make_monitor(ref) if checked else None
+        self.eng = build_engine(cfg, rt, model, self.mon)
+        self.w = Window(self.eng, args.device, batch, args.settle if settle is None else settle,
+                        steps or args.steps, args.windows if windows is None else windows, hooks,
+                        interleave)
+        self._fed = False
+
+    def _stopped(self, e: BaseException) -> None:
+        """A run that stopped before its range ended: a one-line exit."""
+        from overlapcheck.run import Halt
+        if isinstance(e, RowTooShort):
+            raise SystemExit(f"{self.label}: {e} (raise --row-width, or leave it 0: auto)")
+        if isinstance(e, Halt) and not self.w.result:   # a fatal checker stopped the run
+            raise SystemExit(f"{self.label}: stopped before its window: {e}")
+
+    def go(self):
+        """Run to the end of the range: (the figures, the engine)."""
+        from overlapcheck.run import Halt
+        try:
+            self.eng.run(self.wl)
+        except _Done:
+            pass
+        except (RowTooShort, Halt) as e:
+            self._stopped(e)
+        finally:
+            if self.w._gc:
+                gc.enable()
+        return self.figures(), self.eng
+
+    def window(self) -> None:
+        """Step through the next window (the first one after the warm-up steps), or to
+        the end of the range."""
+        from overlapcheck.run import Halt
+        if not self._fed:      # every request arrives at step 0 (``make_case``)
+            for spec in self.wl.requests:
+                self.eng.add(spec)
+            self._fed = True
+        elif self.w.paused:
+            self.w.resume()
+        bound = 4 * sum(len(s.prompt) + s.max_new_tokens for s in self.wl.requests) + 50
+        try:
+            while self.w.result is None and not self.w.paused:
+                if self.eng.iteration > bound:
+                    raise SystemExit(f"{self.label}: no steady decode after {bound} steps")
+                self.eng.step()
+        except _Done:
+            pass
+        except (RowTooShort, Halt) as e:
+            self._stopped(e)
+
+    def figures(self) -> dict:
+        if not self.w.result:
+            raise SystemExit(f"{self.label}: the run ended before its timed range "
+                             "(raise --row-width, or leave it 0: auto)")
+        out = dict(self.w.result)
+        cache = getattr(getattr(self.eng.worker, "model", None), "cache", None)
+        if cache is not None:
+            out["graphs"] = cache.stats.to_json()
+        if self.mon is not None:   # so far: the run stops at the end of its window
+            out["violations"] = [str(v).splitlines()[0] for v in self.mon.violations][:5]
+        return out
+
+
 def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, windows=None,
              settle=None):
     """One run of ``mode`` up to the end of its timed range: (the figures, the engine)."""
-    from overlapcheck.run import Halt
-    _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
-    cfg, wl = make_case(name, model, batch, args, overlap)
+    return ModeRun(args, name, model, batch, mode, ref, hooks, steps, windows, settle).go()
+
+
+def lockstep(args, name, model, batch, order, ref=None) -> dict:
+    """One round of ``order``'s modes with their windows interleaved (docs/design.md
+    §8.1): a run per mode, all alive at once; window ``w`` of every mode in turn (the
+    order of ``order``, backward on odd windows), each from a synchronized device, so a
+    slow period of the host falls on the windows of every mode alike rather than on one
+    mode's whole run. {mode: figures}."""
+    gc_on = gc.isenabled()
     gc.collect()
-    graphs = args.graphs and device_info(args.device).gpu
-    rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect, access="declared",
-                      graphs=graphs)
-    mon = make_monitor(ref) if checked else None
-    eng = build_engine(cfg, rt, model, mon)
-    w = Window(eng, args.device, batch, args.settle if settle is None else settle,
-               steps or args.steps, args.windows if windows is None else windows, hooks)
+    gc.disable()
     try:
-        eng.run(wl)
-    except _Done:
-        pass
-    except RowTooShort as e:
-        raise SystemExit(f"{name} B={batch} {mode}: {e} (raise --row-width, or leave it 0: auto)")
-    except Halt as h:   # a fatal checker stopped the run
-        if not w.result:
-            raise SystemExit(f"{name} B={batch} {mode}: stopped before its window: {h}")
+        runs = {m: ModeRun(args, name, model, batch, m, ref, interleave=True) for m in order}
+        for w in range(args.windows):
+            for m in steady.balanced_order(order, w):
+                runs[m].window()
+        return {m: runs[m].figures() for m in order}
     finally:
-        if w._gc:
+        if gc_on:
             gc.enable()
-    if not w.result:
-        raise SystemExit(f"{name} B={batch} {mode}: the run ended before its timed range "
-                         "(raise --row-width, or leave it 0: auto)")
-    out = dict(w.result)
-    cache = getattr(getattr(eng.worker, "model", None), "cache", None)
-    if cache is not None:
-        out["graphs"] = cache.stats.to_json()
-    if mon is not None:   # so far: the run stops at the end of its window
-        out["violations"] = [str(v).splitlines()[0] for v in mon.violations][:5]
-    return out, eng
 
 
 def plan(args, name, model, batch):
@@ -285,10 +373,16 @@ def measure(args, name, model, batch) -> dict:
 
     def run(mode):
         return run_mode(args, name, model, batch, mode, ref)[0]
+
+    def run_round(order):
+        return lockstep(args, name, model, batch, order, ref)
     rec = {"model": name, "batch": batch, "modes": {}, "window_steps": args.steps,
-           "windows": args.windows, "row_width": args.row_width or auto_row_width(args)}
-    rec["warm_up"] = steady.warm_up(modes, run, args.tol, args.warmup_rounds)
-    runs = steady.rounds(modes, args.repeat, run)
+           "windows": args.windows, "row_width": args.row_width or auto_row_width(args),
+           "interleave": args.interleave}
+    how = run_round if args.interleave else run
+    rec["warm_up"] = steady.warm_up(modes, how, args.tol, args.warmup_rounds,
+                                    joint=args.interleave)
+    runs = steady.rounds(modes, args.repeat, how, joint=args.interleave)
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
                ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step",
@@ -309,10 +403,19 @@ def measure(args, name, model, batch) -> dict:
             return None
         return steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
                                    [r["tokens_per_s"] for r in runs[b]])
+    def window_ratio(a, b):
+        """Each window's a/b (the windows of a round, paired by position): interleaved,
+        two windows of a pair ran one after the other."""
+        if a not in runs or b not in runs:
+            return None
+        return steady.paired_ratio(
+            [x for r in runs[a] for x in r["window_tokens_per_s"]],
+            [y for r in runs[b] for y in r["window_tokens_per_s"]])
     for key, a, b in (("overlap_speedup", "overlap", "non-overlap"), ("checked_ratio", "checked", "overlap"),
                       ("checked_detector_ratio", "checked+detector", "overlap")):
         sp = ratio(a, b)
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
+        rec[key + "_windows"] = window_ratio(a, b)
     observe(args, name, model, batch, rec)
     return rec
 
@@ -405,6 +508,9 @@ def main() -> None:
                     help="cap on warm-up rounds (every mode, until each mode's rate agrees with its "
                          "previous round's within --tol; at least 2)")
     ap.add_argument("--repeat", type=int, default=6, help="measured rounds (even: balanced order)")
+    ap.add_argument("--interleave", default="on", choices=("on", "off"),
+                    help="on: a round runs every mode at once, their windows taking turns; "
+                         "off: one mode's run after the other's")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per request")
     ap.add_argument("--row-width", type=int, default=0,
                     help="context per request (0: just long enough for the timed range)")
@@ -423,6 +529,7 @@ def main() -> None:
     args.batch = [int(b) for b in args.batch.split(",") if b]
     args.modes = [m for m in args.modes.split(",") if m]
     args.graphs = args.graphs == "on"
+    args.interleave = args.interleave == "on"
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1 or \
             args.repeat < 1 or args.windows < 1 or args.tol <= 0 or args.min_seconds < 0 or \
@@ -447,8 +554,9 @@ def main() -> None:
           f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")
     print("  per steady step: syncs = the runtime's count, hidden = beyond the declared waits, "
           "unseen = real syncs (sync-debug) the runtime did not issue; busy = GPU kernel time / wall;\n"
-          f"  {args.repeat} rounds per figure (order alternating), medians [min-max]; ratios from "
-          "each round's pair")
+          f"  {args.repeat} rounds per figure (order alternating"
+          f"{', windows interleaved' if args.interleave else ''}), medians [min-max]; ratios "
+          "from each round's pair")
     for name in args.models:
         t = time.perf_counter()
         model = make_model(name)

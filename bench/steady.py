@@ -6,7 +6,9 @@ function, so tests drive it with a fake timer.
 * ``balanced_order``: round r runs the modes forward when r is even, backward when odd
   (ABBA for two modes), so a drift over the session falls on every mode alike.
 * ``warm_up``: rounds of every mode until each mode's rate agrees with its rate of the
-  round before (capped); ``rounds``: the measured rounds in balanced order.
+  round before (capped); ``rounds``: the measured rounds in balanced order. A round
+  runs its modes one by one, or (``joint``) through one call that runs them together
+  (the GPU bench's interleaved windows).
 * ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
   from the rounds they shared (each round's ratio, then their median and range).
 """
@@ -27,25 +29,40 @@ def balanced_order(modes, r: int) -> list:
     return modes if r % 2 == 0 else modes[::-1]
 
 
-def rounds(modes, n: int, run) -> dict:
-    """``n`` rounds of ``run(mode)`` (a dict with "tokens_per_s") in balanced order:
+def one_by_one(run):
+    """A round function (``rounds``, ``warm_up``) that runs ``run(mode)`` for each mode
+    of the round's order in turn."""
+    def round_(order) -> dict:
+        return {m: run(m) for m in order}
+    return round_
+
+
+def rounds(modes, n: int, run, joint: bool = False) -> dict:
+    """``n`` rounds of ``run(mode)`` (a dict with "tokens_per_s") in balanced order, or,
+    ``joint``, of ``run(order)`` (a round of every mode at once: {mode: result}):
     {mode: [result of round 0, round 1, ...]}."""
+    run_round = run if joint else one_by_one(run)
     out = {m: [] for m in modes}
     for r in range(n):
-        for m in balanced_order(modes, r):
-            out[m].append(run(m))
+        got = run_round(balanced_order(modes, r))
+        for m in modes:
+            out[m].append(got[m])
     return out
 
 
-def warm_up(modes, run, tol: float = 0.03, cap: int = 4, key: str = "tokens_per_s") -> dict:
-    """Rounds of ``run(mode)`` (balanced order) until every mode's ``key`` agrees with its
-    previous round's within ``tol``, at least two rounds, at most ``cap``:
+def warm_up(modes, run, tol: float = 0.03, cap: int = 4, key: str = "tokens_per_s",
+            joint: bool = False) -> dict:
+    """Rounds of ``run(mode)`` (balanced order; ``joint``: of ``run(order)``, as in
+    ``rounds``) until every mode's ``key`` agrees with its previous round's within
+    ``tol``, at least two rounds, at most ``cap``:
     {"rounds", "settled", "rates": {mode: [...]}}."""
+    run_round = run if joint else one_by_one(run)
     rates = {m: [] for m in modes}
     settled, r = False, 0
     while r < max(2, cap):
-        for m in balanced_order(modes, r):
-            rates[m].append(run(m)[key])
+        got = run_round(balanced_order(modes, r))
+        for m in modes:
+            rates[m].append(got[m][key])
         r += 1
         settled = r >= 2 and all(agree(v[-2], v[-1], tol) for v in rates.values())
         if settled:

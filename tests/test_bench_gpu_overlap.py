@@ -39,4 +39,20 @@ def test_gpu_overlap_bench_sim_smoke(tmp_path):
     assert set(c["profiles"]) == {"overlap", "non-overlap"}
     for path in c["profiles"].values():
         assert "one steady decode step" in open(path).read()
-    assert "overlap/non-overlap" in r.stdout
+    assert "overlap/non-overlap" in r.stdout and "windows interleaved" in r.stdout
+    assert c["interleave"] and c["checked_ratio_windows"]["median"] > 0
+
+
+def test_gpu_overlap_bench_runs_one_mode_after_another(tmp_path):
+    out = tmp_path / "bench"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_overlap.py"), "--device", "sim",
+                        "--models", "random:tiny-qwen3", "--batch", "1", "--steps", "2", "--windows", "2",
+                        "--repeat", "1", "--modes", "overlap,checked", "--interleave", "off",
+                        "--min-seconds", "0", "--prompt", "3", "--spec-steps", "1", "--page-size", "4",
+                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (c,) = json.loads((out / "gpu_overlap.json").read_text())["configs"]
+    assert not c["interleave"] and set(c["modes"]) == {"overlap", "checked"}
+    assert c["modes"]["checked"]["timed_tokens"] == c["modes"]["overlap"]["timed_tokens"] > 0
+    assert c["checked_ratio"] > 0 and "windows interleaved" not in r.stdout

@@ -65,6 +65,20 @@ def test_warm_up_runs_until_every_mode_agrees_with_its_previous_round():
     assert not w["settled"] and w["rounds"] == 2
 
 
+def test_joint_rounds_run_every_mode_of_a_round_in_one_call():
+    calls = []
+
+    def run_round(order):
+        calls.append(list(order))
+        return {m: {"tokens_per_s": 100.0 + len(calls)} for m in order}
+    out = steady.rounds(["A", "B", "C"], 2, run_round, joint=True)
+    assert calls == [["A", "B", "C"], ["C", "B", "A"]]
+    assert out == {m: [{"tokens_per_s": 101.0}, {"tokens_per_s": 102.0}] for m in "ABC"}
+    calls.clear()
+    w = steady.warm_up(["A", "B"], run_round, tol=0.03, cap=5, joint=True)
+    assert w["settled"] and w["rounds"] == 2 and calls == [["A", "B"], ["B", "A"]]
+
+
 def test_spread_and_paired_ratio():
     assert steady.spread([3, 1, 2]) == {"median": 2, "min": 1, "max": 3}
     assert steady.paired_ratio([2.0, 4.0], [1.0, 0.0]) is None
@@ -113,6 +127,22 @@ def test_window_times_a_fixed_range_and_reports_each_window(clock):
     assert r["tokens_per_s"] == pytest.approx(24 / 20.0)
     assert r["window_tokens_per_s"] == [1.0, 1.0, 2.0]
     assert r["syncs_per_step"] == 1.0
+
+
+def test_an_interleaved_window_pauses_and_leaves_the_pauses_out(clock):
+    # settle 1, 2 windows of 3 steps at 1 s a step; 100 s of other runs' windows between
+    eng = FakeEngine(2, lambda k: 1.0, clock)
+    w = G.Window(eng, "sim", 2, 1, 3, 2, interleave=True)
+    while not w.paused:
+        eng.step()
+    assert (eng.k, w.result) == (4, None)
+    clock[0] += 100.0
+    w.resume()
+    eng.run(100)
+    r = w.result
+    assert (r["windows"], r["steps"], r["tokens"], eng.k) == (2, 6, 12, 7)
+    assert r["seconds"] == pytest.approx(6.0)
+    assert r["window_tokens_per_s"] == [2.0, 2.0]
 
 
 def test_window_single_window_and_bad_ranges(clock):
