@@ -174,6 +174,62 @@ def hash_columns(kv, table, rows, ctx, cols):
     return h % M
 
 
+_FLISTS = {}    # (width, shift) -> ``_factors(width, shift)``'s factors as Python ints
+
+
+def _factor_list(width: int, shift: int) -> list:
+    hit = _FLISTS.get((width, shift))
+    if hit is None:
+        hit = _FLISTS[(width, shift)] = _factors(width, shift)[1].tolist()
+    return hit
+
+
+def row_slots(table, row: int, c: int, size: int):
+    """The slots of table row ``row``'s first ``c`` positions as Python ints, or None
+    where the row is outside the table or ``c`` outside ``0..width``, or a slot falls
+    outside a pool of ``size`` (negative included), or the pool is empty: the array
+    path, which reports or wraps those as torch does, takes these cases."""
+    if not (0 <= row < table.shape[0] and 0 <= c <= table.shape[1] and size):
+        return None
+    slots = table[row, :c].tolist()
+    for s in slots:
+        if not 0 <= s < size:
+            return None
+    return slots
+
+
+def prefix_hashes(vals, width: int, cols=(TOK,)) -> list:
+    """Running sums of ``hash_columns``'s terms over ``vals`` (the KV rows, as lists of
+    Python ints, of a table row's first positions, ``row_slots``; ``width``: the
+    table's): element ``c`` is the hash of columns ``cols`` of the first ``c``
+    positions (``cols == (TOK,)``: ``raw_hash``). Python ints: each term is below M, so
+    the sums equal the int64 ones."""
+    out = [0]
+    acc = 0
+    if len(cols) == 1:
+        col, f = cols[0], _factor_list(width, cols[0])
+        for p, r in enumerate(vals):
+            acc += r[col] % M * f[p] % M
+            out.append(acc % M)
+        return out
+    fs = [(col, _factor_list(width, col)) for col in cols]
+    for p, r in enumerate(vals):
+        for col, f in fs:
+            acc += r[col] % M * f[p] % M
+        out.append(acc % M)
+    return out
+
+
+def wrap64(x: int) -> int:
+    """``x`` wrapped to int64, as an int64 sum wraps."""
+    return (x + 2 ** 63) % 2 ** 64 - 2 ** 63
+
+
+def term_int(tok: int, pos: int) -> int:
+    """``term`` of one token on Python ints (``pos`` small: no int64 wrap to mimic)."""
+    return tok % M * ((pos * 40503 + 17) % M + 1) % M
+
+
 def _rows(*cols):
     """``np.stack(cols, axis=-1)`` of equal-shaped 1-d int64 columns (torch.stack
     refuses unequal ones: so does this)."""
@@ -212,6 +268,11 @@ def _stack(cols):
 
 class OracleHost:
     """``OracleModel``'s methods on numpy arrays (see the module docstring)."""
+
+    kv_width = KV_WIDTH          # the target's and a standalone draft's KV row
+    eagle_width = KV_WIDTH + 1   # the EAGLE head's
+    row_slots = staticmethod(row_slots)
+    hashes = staticmethod(prefix_hashes)
 
     def __init__(self, model):
         self.vocab, self.agreement, self.salt = model.vocab, model.agreement, model.salt
@@ -277,6 +338,10 @@ class OracleHost:
         query's arrays hold them; a pool that is not empty)."""
         return self._targets([raw_hash_one(kv, table, row, ctx)], [ctx], [seed], [seeded])[0]
 
+    def targets(self, raws, cs, ss, sds) -> list:
+        """``target``'s tokens from per-query raw hashes on Python ints (``_targets``)."""
+        return self._targets(raws, cs, ss, sds)
+
     def _targets(self, raws, cs, ss, sds) -> list:
         """``sample(mix(raw, c), s, c, sd)`` per query, on Python ints."""
         V, out = self.vocab, []
@@ -327,12 +392,16 @@ class OracleHost:
         if not _tiny(g.shape[0], g, seen, p, seeds, seeded):
             like = self.sample(mix(g, p), seeds, p, seeded)
             return self._agree(like, mix(seen, g, seeds, p))
+        return np.array(self.heads(g.tolist(), seen.tolist(), p.tolist(), seeds.tolist(),
+                                   seeded.tolist()), dtype=np.int64)
+
+    def heads(self, gs, seens, ps, ss, sds) -> list:
+        """``_head_tokens`` per query on Python ints (every ``g``, ``seen`` in [0, M))."""
         V, A, out = self.vocab, self.agreement, []
         ca = _MIX.get(self.salt + 11)
         if ca is None:
             ca = _MIX[self.salt + 11] = ((self.salt + 11) % M) * 69621 + 12345
-        for x, e, q, s, sd in zip(g.tolist(), seen.tolist(), p.tolist(), seeds.tolist(),
-                                  seeded.tolist()):
+        for x, e, q, s, sd in zip(gs, seens, ps, ss, sds):
             pm = (q % M) * 69621 + 12345
             sm = (s % M) * 69621 + 12345
             t = (x * 48271 + pm) % M
@@ -357,7 +426,7 @@ class OracleHost:
                 t = (u * 48271 + _C3) % M
                 like = (like + 1 + (t ^ (t >> 11)) % (V - 1)) % V
             out.append(like)
-        return np.array(out, dtype=np.int64)
+        return out
 
     def draft(self, draft_kv, table, rows, ctx_lens, seeds, seeded, topk: int = 1):
         if topk == 1:
@@ -391,6 +460,24 @@ class OracleHost:
                                  np.where))
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
         return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
+
+    def eagle_out_rows(self, vals, pos: int, width: int, seed: int, seeded: bool):
+        """``eagle_out`` (a chain) of one query at ``pos`` on Python ints: ``vals``, the
+        EAGLE KV rows of its table row's first ``pos + 1`` slots (``row_slots``), table
+        ``width``; returns (hidden, draft token)."""
+        r = vals[pos]
+        g = wrap64(r[FEAT] + term_int(r[TOK], pos + 1)) % M
+        seen = prefix_hashes(vals, width, (TOK, FEAT))[-1]
+        return g, self.heads([g], [seen], [pos + 2], [seed], [seeded])[0]
+
+    def mtp_rows(self, vals, width: int, pos: int, tok: int, feat: int, seed: int,
+                 seeded: bool):
+        """``mtp_step`` of one query on Python ints: ``vals``, the target KV rows of the
+        positions it reads (``row_slots`` up to its clamped ``lens``), ``pos`` small
+        (no int64 wrap in ``term``); returns (hidden, draft token)."""
+        g = wrap64(feat + term_int(tok, pos)) % M
+        seen = prefix_hashes(vals, width)[-1]
+        return g, self.heads([g], [seen], [pos + 1], [seed], [seeded])[0]
 
     # -- heads (oracle_heads) ---------------------------------------------------------------
     def eagle_write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:

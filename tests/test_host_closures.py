@@ -349,3 +349,114 @@ def test_prefill_write_twin_matches_torch():
             raised += 1
         assert all(g is None or (g == w).all() for g, w in zip(got, want))
     assert checked > 40 and raised > 40
+
+
+def _few_inputs(rng, b, width):
+    """A model kernel's inputs for ``b`` entries (one spare row each), ``width``
+    positions: mostly in range (the twins' Python-int paths), else a row, length or
+    slot out of range, negative or poison (the array path, which reports or wraps them
+    as torch does); entries share table rows, so their writes can share slots."""
+    from overlapcheck.engine import kernels as K
+    pool, w = int(rng.integers(1, 24)), int(rng.integers(width + 1, width + 12))
+    odd = rng.random() < 0.25
+    kv, ekv = rng.integers(0, 64, (pool, 3)), rng.integers(0, 64, (pool, 4))
+    if rng.random() < 0.3:
+        for a in (kv, ekv):
+            a[rng.random(a.shape) < 0.2] = rng.choice([-2 ** 62, 2 ** 62, 2 ** 63 - 1])
+    table = rng.integers(0, pool, (3, w))
+    meta = rng.integers(0, 2, (b + 1, K.META + 2))
+    meta[:, K.ROW], meta[:, K.RID] = rng.integers(0, 3, b + 1), rng.integers(0, 5, b + 1)
+    meta[:, K.SEED] = rng.integers(-9, 9, b + 1) if rng.random() < 0.5 else \
+        rng.integers(-2 ** 63, 2 ** 63 - 1, b + 1, dtype=np.int64)
+    meta[:, K.FSRC], meta[:, K.FDST] = rng.integers(0, 6, b + 1), rng.integers(0, 6, b + 1)
+    lens = rng.integers(0, w - width + 1, b + 1)
+    if odd:
+        pick = rng.integers(0, 5)
+        if pick == 0:
+            table[rng.random(table.shape) < 0.15] = rng.integers(-3, pool + 3)
+        elif pick == 1:
+            meta[:, K.ROW] = rng.integers(-2, 5, b + 1)
+        elif pick == 2:
+            lens = rng.integers(-3, w + 3, b + 1)
+        elif pick == 3:
+            lens[rng.integers(0, b + 1)] = rng.choice([2 ** 62, -2 ** 62, 2 ** 63 - 1])
+        else:
+            meta[:, K.FSRC], meta[:, K.FDST] = rng.integers(-3, 9, (2, b + 1))
+    return dict(kv=kv, ekv=ekv, table=table, meta=meta, lens=lens)
+
+
+def _few_case(name, rng, model):
+    """(kernel, its arguments as numpy arrays and values) of model kernel ``name``."""
+    from overlapcheck.engine import drafts_eagle as DE
+    from overlapcheck.engine import drafts_mtp as DM
+    from overlapcheck.engine import kernels as K
+    b, k = int(rng.integers(1, 6)), int(rng.integers(0, 4))
+    width = k + 1
+    x = _few_inputs(rng, b, width)
+    kv, ekv, table, meta, lens = x["kv"], x["ekv"], x["table"], x["meta"], x["lens"]
+    toks = rng.integers(0, 50, (b + 1, width + 1))
+    hid = rng.integers(0, 2 ** 31, (b + 1, 1))
+    if rng.random() < 0.2:
+        hid[0, 0] = rng.choice([2 ** 63 - 5, -2 ** 63])
+    gate = K.NOW if rng.random() < 0.5 else None
+    if name == "verify":
+        return K.verify, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, width)),
+                          width, b)
+    if name == "decode":
+        return K.decode, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, 2)),
+                          rng.integers(0, 9, b + 1), b)
+    j = int(rng.integers(1, width + 1))
+    if name == "eagle_step":
+        return DE.eagle_step, (model, model.head("eagle"), ekv, table, meta, toks, lens, hid,
+                               j, b, gate)
+    if name == "mtp_step":
+        return DM.mtp_step, (model, model.head("mtp"), kv, table, meta, toks, lens,
+                             rng.integers(0, 2 ** 31, (6, 1)), hid, j, b, int(rng.integers(0, 2)),
+                             gate, None, K.ROW if rng.random() < 0.5 else K.FSRC)
+    acc = rng.integers(1, width + 1, b + 1) if rng.random() < 0.8 else \
+        rng.integers(-1, width + 3, b + 1)
+    return DE.eagle_extend, (model, model.head("eagle"), kv, ekv, table, meta, lens, toks[:, :width],
+                             acc, rng.integers(0, 50, 6), rng.integers(0, 2 ** 31, (6, 1)), width, b,
+                             bool(rng.random() < 0.2), K.ROW if rng.random() < 0.5 else K.FDST)
+
+
+@pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step"])
+def test_few_entry_model_twins_match_torch(name, monkeypatch):
+    """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
+    decode, the EAGLE step and extend, the MTP step) write what the torch kernels write:
+    entries sharing a table row and its slots, gated and ungated steps, poison KV values
+    and hidden states, seeds anywhere in int64; a row, length, slot or FutureMap slot
+    out of range takes the array path, which raises where the kernel refuses it."""
+    from fake_models.oracle import OracleModel
+    from overlapcheck.engine import kernels_host as KH
+    few = {"verify": "_write_targets", "decode": "_write_targets",
+           "eagle_step": "_eagle_step_few", "eagle_extend": "_eagle_extend_few",
+           "mtp_step": "_mtp_step_few"}[name]
+    ran = []
+    real = getattr(KH, few)
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        ran.append(out is not None and out is not False)
+        return out
+    monkeypatch.setattr(KH, few, spy)
+    rng = np.random.default_rng(sum(map(ord, name)))
+    checked = 0
+    for i in range(400):
+        model = OracleModel(vocab=50, agreement=60, salt=i % 3)
+        kernel, args = _few_case(name, rng, model)
+        want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        t = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in want]
+        try:
+            kernel(*t)
+        except (IndexError, RuntimeError):
+            with pytest.raises(Exception):
+                kernel.host_twin(*got)
+            continue
+        kernel.host_twin(*got)
+        for g, w in zip(got, want):
+            if isinstance(g, np.ndarray):
+                assert (g == w).all(), (name, i)
+        checked += 1
+    assert checked > 200 and sum(ran) > 150 and not all(ran)

@@ -209,9 +209,59 @@ def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
     fm_drafts[slots] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
 
+_FEW_B = 4     # up to this many entries, the model kernels below run on Python ints
+_I64 = np.dtype(np.int64)
+
+
+def _ints(b, *arrays) -> bool:
+    """Whether every array is int64 with at least ``b`` rows (the Python-int paths'
+    case; any other takes the array path, which casts or refuses as torch does)."""
+    for a in arrays:
+        if a.dtype is not _I64 or a.shape[0] < b:
+            return False
+    return True
+
+
+def _write_targets(hm, kv, table, ms, ls, toks, width):
+    """``verify``/``decode`` of a few entries on Python ints: per entry (``ms``: its
+    meta row, ``ls``: its length, ``toks``: its ``width`` input tokens) the KV of
+    positions ``L..L+width-1`` written, then the target after each, from running sums
+    of its table row's terms (``hm.hashes``). Returns the target tokens per entry, or
+    None, having written nothing, where the array path must run (a row, position or
+    slot out of range: it reports or wraps them as torch does)."""
+    size, width_t = kv.shape[0], table.shape[1]
+    if kv.shape[1] != hm.kv_width:
+        return None
+    plan = []
+    for e, L in zip(ms, ls):
+        slots = hm.row_slots(table, e[ROW], L + width, size) if L >= 0 else None
+        if slots is None:
+            return None
+        plan.append(slots)
+    for slots, e, L, tk in zip(plan, ms, ls, toks):
+        rid = e[RID]
+        for o in range(width):
+            kv[slots[L + o]] = (tk[o], L + o, rid)   # (TOK, POS, RID); the last writer wins
+    out = []
+    for slots, e, L in zip(plan, ms, ls):
+        pre = hm.hashes(kv[slots].tolist(), width_t)
+        cs = range(L + 1, L + width + 1)
+        out.append(hm.targets([pre[c] for c in cs], cs, [e[SEED]] * width,
+                              [e[SEEDED] == 1] * width))
+    return out
+
+
 @host_twin(K.verify)
 def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     hm = _model(model)
+    if b <= _FEW_B and _ints(b, meta, lens, drafts, tgt) and _ints(0, kv, table) \
+            and hasattr(hm, "hashes") \
+            and drafts.shape[1] >= width and tgt.shape[1] >= width:
+        t = _write_targets(hm, kv, table, meta[:b].tolist(), lens[:b].tolist(),
+                           drafts[:b, :width].tolist(), width)
+        if t is not None:
+            tgt[:b, :width] = t
+            return
     m = meta[:b]
     offs = np.arange(width)
     pos = (lens[:b, None] + offs).reshape(-1)
@@ -250,6 +300,14 @@ def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
 @host_twin(K.decode)
 def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     hm = _model(model)
+    if b <= _FEW_B and _ints(b, meta, lens, drafts, out_tok, out_acc) and _ints(0, kv, table) \
+            and hasattr(hm, "hashes") and drafts.shape[1] and out_tok.shape[1]:
+        t = _write_targets(hm, kv, table, meta[:b].tolist(), lens[:b].tolist(),
+                           drafts[:b, :1].tolist(), 1)
+        if t is not None:
+            out_tok[:b, 0] = [x[0] for x in t]
+            out_acc[:b] = 1
+            return
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b]
     hm.write_kv(kv, table, rows, pos, drafts[:b, 0], m[:, RID])
@@ -528,9 +586,57 @@ def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None
     hid[:b] = fm_hid[slots]
 
 
+def _eagle_plan(hm, ekv, table, ents):
+    """The EAGLE KV slots a few entries write and read, before anything is written:
+    per entry (``ents``: (row, write positions, the head's position)) the slots of its
+    table row up to the later of both; None where the array path must run."""
+    size, plan = ekv.shape[0], []
+    if ekv.shape[1] != hm.eagle_width:
+        return None
+    for row, upto, at in ents:
+        slots = hm.row_slots(table, row, max(upto, at + 1), size) if at >= 0 else None
+        if slots is None:
+            return None
+        plan.append(slots)
+    return plan
+
+
+def _eagle_outs(hm, ekv, table, plan, ats, ms):
+    """``eagle_out`` (a chain) per entry at position ``ats[i]`` on Python ints, after
+    the writes: (hidden, draft token) each."""
+    width = table.shape[1]
+    return [hm.eagle_out_rows(ekv[slots[:at + 1]].tolist(), at, width, e[SEED], e[SEEDED] == 1)
+            for slots, at, e in zip(plan, ats, ms)]
+
+
+def _eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, b, gate) -> bool:
+    """``eagle_step`` of a few entries on Python ints (no host-lengths cut); False,
+    having written nothing, where the array path must run."""
+    ms, ls = meta[:b].tolist(), lens[:b].tolist()
+    ats = [L + j - 2 for L in ls]
+    plan = _eagle_plan(hm, ekv, table, [(e[ROW], at + 1, at) for e, at in zip(ms, ats)])
+    if plan is None:
+        return False
+    toks, feats = drafts[:b, j - 1].tolist(), hid[:b, 0].tolist()
+    for slots, e, at, t, f in zip(plan, ms, ats, toks, feats):
+        if gate is None or e[gate] == 1:      # kept: the last kept writer of a slot wins
+            ekv[slots[at]] = (t, at, e[RID], f)
+    outs = _eagle_outs(hm, ekv, table, plan, ats, ms)
+    old = drafts[:b, j].tolist()
+    for i, (e, (g, d)) in enumerate(zip(ms, outs)):
+        drafts[i, j] = d if gate is None or e[gate] == 1 else old[i]
+        hid[i] = g
+    return True
+
+
 @host_twin(DE.eagle_step)
 def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
     hm = _model(model)
+    if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts, hid) \
+            and _ints(0, ekv, table) and hasattr(hm, "eagle_out_rows") \
+            and drafts.shape[1] > j >= 1 and hid.ndim == 2 and hid.shape[1] \
+            and _eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, b, gate):
+        return
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 2)
     hm.eagle_write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID],
@@ -540,10 +646,54 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
     hid[:b] = g.astype(hid.dtype, copy=False)
 
 
+def _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
+                     width, b, by_position, dst) -> bool:
+    """``eagle_extend`` (a chain) of a few entries on Python ints; False, having written
+    nothing, where the array path must run."""
+    ms, ls, accs = meta[:b].tolist(), lens[:b].tolist(), out_acc[:b].tolist()
+    ats = [L + a - 1 for L, a in zip(ls, accs)]
+    width_t, size = table.shape[1], kv.shape[0]
+    if kv.shape[1] != hm.kv_width:
+        return False
+    plan = _eagle_plan(hm, ekv, table, [(e[ROW], L + width, at)
+                                        for e, L, at in zip(ms, ls, ats)])
+    if plan is None:
+        return False
+    dests = range(b) if by_position else [e[dst] for e in ms]
+    n_fm = min(fm_draft.shape[0], fm_hid.shape[0])
+    for d in dests:
+        if not 0 <= d < n_fm:
+            return False
+    feats = []
+    for slots, L in zip(plan, ls):
+        if L < 0:
+            return False
+        tslots = slots[:L + width]        # the target KV the hidden states hash
+        for x in tslots:
+            if not 0 <= x < size:
+                return False
+        feats.append(hm.hashes(kv[tslots].tolist(), width_t))
+    toks = out_tok[:b, :width].tolist()
+    for slots, e, L, a, tk, pre in zip(plan, ms, ls, accs, toks, feats):
+        rid = e[RID]
+        for o in range(min(max(a, 0), width)):     # kept: the accepted positions
+            ekv[slots[L + o]] = (tk[o], L + o, rid, pre[L + o + 1])
+    for d, (g, d1) in zip(dests, _eagle_outs(hm, ekv, table, plan, ats, ms)):
+        fm_draft[d] = d1
+        fm_hid[d] = g
+    return True
+
+
 @host_twin(DE.eagle_extend)
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
                  width, b, by_position=False, dst=ROW, topk=1):
     hm = _model(model)
+    if b <= _FEW_B and topk == 1 and _ints(b, meta, lens, out_tok, out_acc) \
+            and _ints(0, kv, ekv, table, fm_draft, fm_hid) and hasattr(hm, "eagle_out_rows") \
+            and out_tok.shape[1] >= width and fm_draft.ndim == 1 and fm_hid.ndim == 2 \
+            and _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft,
+                                  fm_hid, width, b, by_position, dst):
+        return
     m = meta[:b]
     offs = np.arange(width)
     pos = (lens[:b, None] + offs).reshape(-1)
@@ -593,10 +743,53 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     fm_hid[slots] = np.where(keep[:, None], h, fm_hid[slots])
 
 
+_SANE = 2 ** 40    # lengths below this in size: no int64 wrap in a position's term
+
+
+def _mtp_step_few(hm, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen, gate,
+                  src) -> bool:
+    """``mtp_step`` of a few entries on Python ints (no host-lengths cut); False, having
+    written nothing, where the array path must run."""
+    ms, ls = meta[:b].tolist(), lens[:b].tolist()
+    width_t, size = table.shape[1], kv.shape[0]
+    if j == 1:
+        n = fm_hid.shape[0]
+        feats = []
+        for e in ms:
+            if not 0 <= e[src] < n:
+                return False
+            feats.append(e[src])
+        feats = fm_hid[feats, 0].tolist()
+    else:
+        feats = hid[:b, 0].tolist()
+    plans = []
+    for e, L in zip(ms, ls):
+        if not -_SANE < L < _SANE:
+            return False
+        slots = hm.row_slots(table, e[ROW], min(max(L + frozen, 0), width_t), size)
+        if slots is None:
+            return False
+        plans.append(slots)
+    toks, old = drafts[:b, j - 1].tolist(), drafts[:b, j].tolist()
+    outs = [hm.mtp_rows(kv[slots].tolist(), width_t, L + j - 1, t, f, e[SEED], e[SEEDED] == 1)
+            for slots, e, L, t, f in zip(plans, ms, ls, toks, feats)]
+    for i, (e, (g, d)) in enumerate(zip(ms, outs)):
+        drafts[i, j] = d if gate is None or e[gate] == 1 else old[i]
+        hid[i] = g
+    return True
+
+
 @host_twin(DM.mtp_step)
 def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
              gate=None, hcol=None, src=ROW):
     hm = _model(model)
+    if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts, hid) \
+            and _ints(0, kv, table, fm_hid) and hasattr(hm, "mtp_rows") \
+            and drafts.shape[1] > j >= 1 and hid.ndim == 2 and hid.shape[1] \
+            and fm_hid.ndim == 2 and fm_hid.shape[1] and kv.shape[1] == hm.kv_width \
+            and _mtp_step_few(hm, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen,
+                              gate, src):
+        return
     m = meta[:b]
     rows = m[:, ROW]
     feats = fm_hid[m[:, src]] if j == 1 else hid[:b]
