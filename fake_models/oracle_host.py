@@ -273,6 +273,7 @@ class OracleHost:
     eagle_width = KV_WIDTH + 1   # the EAGLE head's
     row_slots = staticmethod(row_slots)
     hashes = staticmethod(prefix_hashes)
+    hidden_one = staticmethod(raw_hash_one)    # ``target_hidden`` of one query, as an int
 
     def __init__(self, model):
         self.vocab, self.agreement, self.salt = model.vocab, model.agreement, model.salt

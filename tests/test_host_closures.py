@@ -390,7 +390,7 @@ def _few_case(name, rng, model):
     from overlapcheck.engine import drafts_eagle as DE
     from overlapcheck.engine import drafts_mtp as DM
     from overlapcheck.engine import kernels as K
-    b, k = int(rng.integers(1, 6)), int(rng.integers(0, 4))
+    b, k = int(rng.integers(1, 6)) if rng.random() < 0.6 else 1, int(rng.integers(0, 4))
     width = k + 1
     x = _few_inputs(rng, b, width)
     kv, ekv, table, meta, lens = x["kv"], x["ekv"], x["table"], x["meta"], x["lens"]
@@ -405,6 +405,25 @@ def _few_case(name, rng, model):
     if name == "decode":
         return K.decode, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, 2)),
                           rng.integers(0, 9, b + 1), b)
+    dst = K.ROW if rng.random() < 0.5 else K.FDST
+    fm_draft, fm_hid = rng.integers(0, 50, 6), rng.integers(0, 2 ** 31, (6, 1))
+    if name in ("eagle_prefill", "mtp_prefill_seed"):
+        w = table.shape[1]
+        meta[:, K.START], meta[:, K.N] = rng.integers(0, w, b + 1), rng.integers(1, 4, b + 1)
+        if rng.random() < 0.15:     # poison lengths: their sum wraps around in int64
+            meta[:, K.START], meta[:, K.N] = 2 ** 62 + 5, 2 ** 62 + rng.integers(0, 9, b + 1)
+        meta[:, K.NEXT] = rng.integers(0, 50, b + 1)
+        if name == "mtp_prefill_seed":
+            return DM.mtp_prefill_seed, (model, kv, table, meta, fm_hid, b, dst)
+        ptok = np.stack([rng.integers(0, 3, 12), rng.integers(0, w + 1, 12),
+                         rng.integers(0, 50, 12), rng.integers(0, 5, 12)], 1)
+        if rng.random() < 0.15:
+            ptok[rng.integers(0, 12), rng.integers(0, 2)] = rng.choice([-1, w + 2, -2 ** 63])
+        return DE.eagle_prefill, (model, model.head("eagle"), kv, ekv, table, ptok, meta,
+                                  toks, fm_draft, fm_hid, int(rng.integers(0, 13)), b, dst)
+    if name == "mtp_seed":
+        return DM.mtp_seed, (model, kv, table, meta, lens, rng.integers(0, width + 1, b + 1),
+                             fm_hid, b, dst)
     j = int(rng.integers(1, width + 1))
     if name == "eagle_step":
         return DE.eagle_step, (model, model.head("eagle"), ekv, table, meta, toks, lens, hid,
@@ -416,30 +435,39 @@ def _few_case(name, rng, model):
     acc = rng.integers(1, width + 1, b + 1) if rng.random() < 0.8 else \
         rng.integers(-1, width + 3, b + 1)
     return DE.eagle_extend, (model, model.head("eagle"), kv, ekv, table, meta, lens, toks[:, :width],
-                             acc, rng.integers(0, 50, 6), rng.integers(0, 2 ** 31, (6, 1)), width, b,
-                             bool(rng.random() < 0.2), K.ROW if rng.random() < 0.5 else K.FDST)
+                             acc, fm_draft, fm_hid, width, b, bool(rng.random() < 0.2), dst)
 
 
-@pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step"])
+@pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",
+                                  "eagle_prefill", "mtp_prefill_seed", "mtp_seed"])
 def test_few_entry_model_twins_match_torch(name, monkeypatch):
     """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    decode, the EAGLE step and extend, the MTP step) write what the torch kernels write:
-    entries sharing a table row and its slots, gated and ungated steps, poison KV values
-    and hidden states, seeds anywhere in int64; a row, length, slot or FutureMap slot
-    out of range takes the array path, which raises where the kernel refuses it."""
+    decode, the EAGLE prefill, step and extend, the MTP step; one entry: the MTP seeds)
+    write what the torch kernels write: entries sharing a table row and its slots, gated
+    and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
+    seeds anywhere in int64; a row, length, position, slot or FutureMap slot out of
+    range takes the array path, which raises where the kernel refuses it."""
     from fake_models.oracle import OracleModel
     from overlapcheck.engine import kernels_host as KH
     few = {"verify": "_write_targets", "decode": "_write_targets",
            "eagle_step": "_eagle_step_few", "eagle_extend": "_eagle_extend_few",
-           "mtp_step": "_mtp_step_few"}[name]
+           "mtp_step": "_mtp_step_few", "eagle_prefill": "_eagle_prefill_few"}.get(name)
     ran = []
-    real = getattr(KH, few)
+    if few is not None:
+        real = getattr(KH, few)
 
-    def spy(*a, **k):
-        out = real(*a, **k)
-        ran.append(out is not None and out is not False)
-        return out
-    monkeypatch.setattr(KH, few, spy)
+        def spy(*a, **k):
+            out = real(*a, **k)
+            ran.append(out is not None and out is not False)
+            return out
+        monkeypatch.setattr(KH, few, spy)
+    else:                   # the one-entry paths: a hash of one query as an int
+        from fake_models.oracle_host import OracleHost, raw_hash_one
+
+        def spy(*a):
+            ran.append(True)
+            return raw_hash_one(*a)
+        monkeypatch.setattr(OracleHost, "hidden_one", staticmethod(spy))
     rng = np.random.default_rng(sum(map(ord, name)))
     checked = 0
     for i in range(400):
@@ -459,4 +487,4 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
             if isinstance(g, np.ndarray):
                 assert (g == w).all(), (name, i)
         checked += 1
-    assert checked > 200 and sum(ran) > 150 and not all(ran)
+    assert checked > 200 and sum(ran) > 120 and sum(ran) < checked

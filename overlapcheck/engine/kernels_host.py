@@ -210,6 +210,7 @@ def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
 
 
 _FEW_B = 4     # up to this many entries, the model kernels below run on Python ints
+_FEW_TOKENS = 16   # and up to this many prompt tokens
 _I64 = np.dtype(np.int64)
 
 
@@ -556,10 +557,67 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
 
 
 # -- drafts_eagle.py -----------------------------------------------------------------------
+def _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
+                      dst) -> bool:
+    """``eagle_prefill`` (a chain) on Python ints: the prompt tokens' pairs from running
+    sums of their table rows' terms, then each entry's final pair, head and stash; False,
+    having written nothing, where the array path must run."""
+    if kv.shape[1] != hm.kv_width or ekv.shape[1] != hm.eagle_width:
+        return False
+    width_t, size = table.shape[1], min(kv.shape[0], ekv.shape[0])
+    toks, ms = ptok[:n].tolist(), meta[:b].tolist()
+    need = {}                          # table row -> positions hashed, written or read
+    for r, q, _, _ in toks:
+        if not 0 <= q <= width_t:      # (q - 1).clamp(min=0) + 1 within the row
+            return False
+        need[r] = max(need.get(r, 1), q)
+    ctxs = []
+    for e in ms:
+        c = _int64(e[START] + e[N])
+        if not 1 <= c <= width_t:
+            return False
+        ctxs.append(c)
+        need[e[ROW]] = max(need.get(e[ROW], 1), c)
+    dests = [e[dst] for e in ms]
+    n_fm = min(fm_draft.shape[0], fm_hid.shape[0])
+    for d in dests:
+        if not 0 <= d < n_fm:
+            return False
+    slots = {}
+    for r, c in need.items():
+        slots[r] = hm.row_slots(table, r, c, size)
+        if slots[r] is None:
+            return False
+    pre = {r: hm.hashes(kv[s].tolist(), width_t) for r, s in slots.items()}  # target hiddens
+    for r, q, t, rid in toks:
+        if q >= 1:                     # kept: the last kept writer of a slot wins
+            ekv[slots[r][q - 1]] = (t, q - 1, rid, pre[r][q])
+    outs = out_tok[:b, 0].tolist()
+    for e, c, o in zip(ms, ctxs, outs):
+        if e[LAST] == 1:
+            ekv[slots[e[ROW]][c - 1]] = (o if e[SAMPLE] == 1 else e[NEXT], c - 1, e[RID],
+                                         pre[e[ROW]][c])
+    heads = [hm.eagle_out_rows(ekv[slots[e[ROW]][:c]].tolist(), c - 1, width_t, e[SEED],
+                               e[SEEDED] == 1) for e, c in zip(ms, ctxs)]
+    old_d, old_h = fm_draft[dests].tolist(), fm_hid[dests]
+    for i, (e, d, (g, d1)) in enumerate(zip(ms, dests, heads)):
+        keep = e[LAST] == 1 or dst != ROW          # ``_stores``
+        fm_draft[d] = d1 if keep else old_d[i]
+        fm_hid[d] = g if keep else old_h[i]
+    return True
+
+
 @host_twin(DE.eagle_prefill)
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
                   dst=ROW, topk=1):
     hm = _model(model)
+    if b <= _FEW_B and n <= _FEW_TOKENS and topk == 1 and _ints(b, meta, out_tok) \
+            and _ints(0, kv, ekv, table, ptok, fm_draft, fm_hid) \
+            and hasattr(hm, "eagle_out_rows") and ptok.shape[1] == 4 and out_tok.shape[1] \
+            and fm_draft.ndim == 1 and fm_hid.ndim == 2 \
+            and _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid,
+                                   n, b, dst):
+        return
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
     pos = np.maximum(q - 1, 0)
@@ -736,6 +794,13 @@ def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b
 @host_twin(DM.mtp_prefill_seed)
 def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     hm = _model(model)
+    if b == 1 and _ints(1, meta, fm_hid) and fm_hid.ndim == 2 and kv.shape[0] \
+            and hasattr(hm, "hidden_one"):
+        e = meta[0].tolist()      # one entry (most prefills): its hash on Python ints
+        h = hm.hidden_one(kv, table, e[ROW], _int64(e[START] + e[N]))
+        slot = e[dst]
+        fm_hid[slot] = h if e[LAST] == 1 or dst != ROW else fm_hid[slot]    # ``_stores``
+        return
     m = meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
     h = hm.target_hidden(kv, table, rows, m[:, START] + m[:, N]).astype(fm_hid.dtype, copy=False)
@@ -802,6 +867,12 @@ def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, froz
 @host_twin(DM.mtp_seed)
 def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b, dst=ROW):
     hm = _model(model)
+    if b == 1 and _ints(1, meta, lens, out_acc, fm_hid) and fm_hid.ndim == 2 and kv.shape[0] \
+            and hasattr(hm, "hidden_one"):
+        e = meta[0].tolist()      # one entry: its hash on Python ints
+        fm_hid[e[dst]] = hm.hidden_one(kv, table, e[ROW],
+                                       _int64(int(lens[0]) + int(out_acc[0])))
+        return
     rows = meta[:b, ROW]
     fm_hid[meta[:b, dst]] = hm.target_hidden(kv, table, rows, lens[:b] + out_acc[:b]).astype(
         fm_hid.dtype, copy=False)
