@@ -24,6 +24,12 @@ class Halt(Exception):
         self.violation = violation
 
 
+# (checker classes and idle flags, in order) -> event class -> [(checker index, the name
+# of its handler)]: which checkers an event goes to depends on those alone, and every run
+# of a campaign builds the same checkers, so the scan is done once per set
+_PLANS: Dict[tuple, Dict[type, list]] = {}
+
+
 class Monitor:
     """``Monitor(checkers, log=None)`` is the engine's observer. ``violations``: every
     violation in order; ``findings()``: one per (checker, site), the first seen."""
@@ -38,20 +44,33 @@ class Monitor:
         # the checkers that handle it (a checker with its own ``feed`` gets every event),
         # none to an idle one
         self._routes: Dict[type, list] = {}
+        self._plans = None
 
     def _route(self, cls: type) -> list:
-        route = []
-        for c in self.checkers:
+        plans = self._plans
+        if plans is None:
+            key = tuple((type(c), bool(getattr(c, "idle", False))) for c in self.checkers)
+            plans = self._plans = _PLANS.setdefault(key, {})
+        plan = plans.get(cls)
+        if plan is None:
+            plan = plans[cls] = self._plan(cls)
+        checkers = self.checkers
+        route = self._routes[cls] = [(checkers[i], getattr(checkers[i], name))
+                                     for i, name in plan]
+        return route
+
+    def _plan(self, cls: type) -> list:
+        plan = []
+        for i, c in enumerate(self.checkers):
             if getattr(c, "idle", False):
                 continue
             if type(c).feed is Checker.feed:
-                h = getattr(c, "on_" + cls.__name__, None)
-                if h:
-                    route.append((c, h))
+                name = "on_" + cls.__name__
+                if getattr(c, name, None):
+                    plan.append((i, name))
             else:
-                route.append((c, c.feed))
-        self._routes[cls] = route
-        return route
+                plan.append((i, "feed"))
+        return plan
 
     def __call__(self, ev) -> None:
         if self.log is not None:
@@ -81,6 +100,7 @@ class Monitor:
     def _crashed(self, checker: Checker, ev, exc: Exception) -> None:
         self.checkers.remove(checker)
         self._routes.clear()
+        self._plans = None
         kind = type(ev).__name__
         self.problem(Finding(checker.name, ("checker-crashed", kind, type(exc).__name__),
                          ev.iteration, f"[{checker.name}] step {ev.iteration}: the checker "
