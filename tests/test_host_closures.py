@@ -399,6 +399,26 @@ def _few_case(name, rng, model):
     if rng.random() < 0.2:
         hid[0, 0] = rng.choice([2 ** 63 - 5, -2 ** 63])
     gate = K.NOW if rng.random() < 0.5 else None
+    if name == "write_table":
+        w = table.shape[1]
+        cells = np.stack([rng.integers(0, 3, 12), rng.integers(0, w, 12),
+                          rng.integers(0, 40, 12)], 1)
+        cells[:, 1] += np.where(cells[:, 0] < 2, w * (rng.random(12) < 0.2), 0)   # next row
+        if rng.random() < 0.25:
+            cells[rng.integers(0, 12), rng.integers(0, 2)] = rng.choice([-1, -w - 1, 3 * w,
+                                                                           2 ** 62])
+        return K.write_table, (table, cells, int(rng.integers(0, 13)))
+    if name == "accept":
+        tgt = toks.copy()
+        tgt[rng.random(tgt.shape) < 0.3] = 51
+        return K.accept, (np.roll(toks, 1, 1) if rng.random() < 0.5 else toks, tgt,
+                          rng.integers(0, 9, (b + 1, width + 1)), rng.integers(0, 9, b + 1),
+                          k, b)
+    if name == "stash":
+        acc = rng.integers(1, width + 2, b + 1) if rng.random() < 0.8 else \
+            rng.integers(-1, width + 4, b + 1)
+        return K.stash, (rng.integers(0, 50, 6), rng.integers(0, 50, 6), meta, lens, toks, acc,
+                         b, K.ROW if rng.random() < 0.5 else K.FDST)
     if name == "verify":
         return K.verify, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, width)),
                           width, b)
@@ -439,11 +459,12 @@ def _few_case(name, rng, model):
 
 
 @pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",
-                                  "eagle_prefill", "mtp_prefill_seed", "mtp_seed"])
+                                  "eagle_prefill", "mtp_prefill_seed", "mtp_seed",
+                                  "write_table", "accept", "stash"])
 def test_few_entry_model_twins_match_torch(name, monkeypatch):
     """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    decode, the EAGLE prefill, step and extend, the MTP step; one entry: the MTP seeds)
-    write what the torch kernels write: entries sharing a table row and its slots, gated
+    decode, the EAGLE prefill, step and extend, the MTP step, accept, stash; a few
+    cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
     and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
     seeds anywhere in int64; a row, length, position, slot or FutureMap slot out of
     range takes the array path, which raises where the kernel refuses it."""
@@ -451,7 +472,9 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
     from overlapcheck.engine import kernels_host as KH
     few = {"verify": "_write_targets", "decode": "_write_targets",
            "eagle_step": "_eagle_step_few", "eagle_extend": "_eagle_extend_few",
-           "mtp_step": "_mtp_step_few", "eagle_prefill": "_eagle_prefill_few"}.get(name)
+           "mtp_step": "_mtp_step_few", "eagle_prefill": "_eagle_prefill_few",
+           "write_table": "_write_table_few", "accept": "_accept_few",
+           "stash": "_stash_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

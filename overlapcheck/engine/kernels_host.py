@@ -46,6 +46,22 @@ _sum = np.add.reduce          # x.sum(axis) without ndarray.sum's Python wrapper
 _any = np.logical_or.reduce   # x.any(axis), likewise
 
 
+_FEW = 8     # up to this many prompt tokens, prefill_write runs on Python ints
+_SANE = 2 ** 40    # values below this in size: no int64 wrap in the few sums they enter
+_FEW_B = 4     # up to this many entries, the model kernels below run on Python ints
+_FEW_TOKENS = 16   # and up to this many prompt tokens
+_I64 = np.dtype(np.int64)
+
+
+def _ints(b, *arrays) -> bool:
+    """Whether every array is int64 with at least ``b`` rows (the Python-int paths'
+    case; any other takes the array path, which casts or refuses as torch does)."""
+    for a in arrays:
+        if a.dtype is not _I64 or a.shape[0] < b:
+            return False
+    return True
+
+
 def _model(model):
     hm = getattr(model, "host", None)
     if hm is None:
@@ -79,14 +95,32 @@ def _round_tokens(hm, m, lens, new, old, gate, hcol):
 
 
 # -- kernels.py ----------------------------------------------------------------------------
+def _write_table_few(table, cells, n) -> bool:
+    """``write_table`` of a few cells (most batches) on Python ints: their places
+    checked first, as numpy's scatter does, then stored; False, having written nothing,
+    where a place is out of the table (the array path wraps or refuses it as torch
+    does) or the arrays are not int64 ones."""
+    if not (cells.dtype is _I64 and cells.ndim == 2 and cells.shape[1] == 3
+            and table.dtype is _I64 and table.ndim == 2 and table.shape[1]):
+        return False
+    w, rows, cs = table.shape[1], table.shape[0], cells[:n].tolist()
+    for r, p, _ in cs:
+        if not (-_SANE < r < _SANE and -_SANE < p < _SANE and 0 <= r + p // w < rows):
+            return False
+    for r, p, v in cs:
+        table[r + p // w, p % w] = v      # the last writer of a cell wins
+    return True
+
+
 @host_twin(K.write_table)
 def write_table(table, cells, n):
+    if n <= _FEW and _write_table_few(table, cells, n):
+        return
     c = cells[:n]
     w = table.shape[1]
     table[c[:, 0] + c[:, 1] // w, c[:, 1] % w] = c[:, 2]
 
 
-_FEW = 8     # up to this many prompt tokens, prefill_write runs on Python ints
 assert (P_ROW, P_POS, P_TOK, P_RID) == (0, 1, 2, 3)   # a staged token's columns
 
 
@@ -209,20 +243,6 @@ def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
     fm_drafts[slots] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
 
-_FEW_B = 4     # up to this many entries, the model kernels below run on Python ints
-_FEW_TOKENS = 16   # and up to this many prompt tokens
-_I64 = np.dtype(np.int64)
-
-
-def _ints(b, *arrays) -> bool:
-    """Whether every array is int64 with at least ``b`` rows (the Python-int paths'
-    case; any other takes the array path, which casts or refuses as torch does)."""
-    for a in arrays:
-        if a.dtype is not _I64 or a.shape[0] < b:
-            return False
-    return True
-
-
 def _write_targets(hm, kv, table, ms, ls, toks, width):
     """``verify``/``decode`` of a few entries on Python ints: per entry (``ms``: its
     meta row, ``ls``: its length, ``toks``: its ``width`` input tokens) the KV of
@@ -273,8 +293,28 @@ def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     tgt[:b, :width] = t.reshape(b, width)
 
 
+def _accept_few(drafts, tgt, out_tok, out_acc, k, b) -> bool:
+    """``accept`` of a few entries: the matching prefixes on Python ints."""
+    if not (k >= 0 and drafts.shape[1] > k and tgt.shape[1] > k and out_tok.shape[1] > k
+            and _ints(b, drafts, tgt, out_tok, out_acc)):
+        return False
+    accs = []
+    for d, t in zip(drafts[:b, 1:k + 1].tolist(), tgt[:b, :k].tolist()):
+        a = 1
+        for x, y in zip(d, t):
+            if x != y:
+                break
+            a += 1
+        accs.append(a)
+    out_acc[:b] = accs
+    out_tok[:b, :k + 1] = tgt[:b, :k + 1]
+    return True
+
+
 @host_twin(K.accept)
 def accept(drafts, tgt, out_tok, out_acc, k, b):
+    if b <= _FEW_B and _accept_few(drafts, tgt, out_tok, out_acc, k, b):
+        return
     match = (drafts[:b, 1:k + 1] == tgt[:b, :k]).astype(np.int64)
     out_acc[:b] = _sum(match.cumprod(1), 1) + 1
     out_tok[:b, :k + 1] = tgt[:b, :k + 1]
@@ -291,8 +331,29 @@ def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
                       drafts[:b, :width].reshape(-1), _flat(m[:, RID], b, width), keep=keep)
 
 
+def _stash_few(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst) -> bool:
+    """``stash`` of a few entries on Python ints; False, having written nothing, where
+    an accept length or FutureMap slot is out of range (the array path wraps or refuses
+    them as torch does)."""
+    if not (_ints(b, meta, lens, out_tok, out_acc) and _ints(0, fm_tok, fm_len)
+            and out_tok.ndim == 2 and fm_tok.ndim == 1 and fm_len.ndim == 1):
+        return False
+    slots, accs = meta[:b, dst].tolist(), out_acc[:b].tolist()
+    n, w = min(fm_tok.shape[0], fm_len.shape[0]), out_tok.shape[1]
+    for s, a in zip(slots, accs):
+        if not (0 <= s < n and 0 < a <= w):
+            return False
+    for s, a, t in zip(slots, accs, out_tok[:b].tolist()):
+        fm_tok[s] = t[a - 1]
+    for s, a, L in zip(slots, accs, lens[:b].tolist()):
+        fm_len[s] = _int64(L + a)
+    return True
+
+
 @host_twin(K.stash)
 def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
+    if b <= _FEW_B and _stash_few(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst):
+        return
     slots, acc = meta[:b, dst], out_acc[:b]
     fm_tok[slots] = _gather_last(out_tok, acc, b)
     fm_len[slots] = lens[:b] + acc
@@ -806,9 +867,6 @@ def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     h = hm.target_hidden(kv, table, rows, m[:, START] + m[:, N]).astype(fm_hid.dtype, copy=False)
     slots, keep = m[:, dst], _stores(last, dst)
     fm_hid[slots] = np.where(keep[:, None], h, fm_hid[slots])
-
-
-_SANE = 2 ** 40    # lengths below this in size: no int64 wrap in a position's term
 
 
 def _mtp_step_few(hm, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen, gate,
