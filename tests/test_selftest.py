@@ -270,3 +270,29 @@ def test_sanitizer_column_matches_pytorch_sanitizer_logic(name):
 def test_pytorch_sanitizer_logic_blind_to_host_and_allocator_cases(name):
     # What only overlapcheck's detector sees: host-side races and allocator reuse.
     assert not _emulated_sanitizer(CASES[name])
+
+
+def test_catalogue_runs_the_sanitizer_checks_beside_the_cases(monkeypatch):
+    # the sanitizer subprocesses run on a pool while the cases run; each verdict gets its
+    # own case's answer, in catalogue order
+    asked = []
+
+    def fake_check(name):
+        asked.append(name)
+        case = runner.select([name])[0]
+        return "flagged" if case.expect_race != (name == wrong) else "not flagged"
+    stream_cases = [c for c in runner.select() if c.sanitizer]
+    assert len(stream_cases) >= 2
+    wrong = stream_cases[-1].name
+    monkeypatch.setattr(sanitizer, "check", fake_check)
+    names = [c.name for c in runner.select()][:6] + [wrong]
+    vs = runner.run_catalogue("sim", 0, names, with_sanitizer=True, jobs=2)
+    assert [v.case.name for v in vs] == names
+    assert sorted(asked) == sorted(n for n in names if runner.select([n])[0].sanitizer)
+    for v in vs:
+        if not v.case.sanitizer:
+            assert v.sanitizer == "n/a"
+        elif v.case.name == wrong:
+            assert not v.ok and any("PyTorch CUDA sanitizer" in p for p in v.problems)
+        else:
+            assert v.sanitizer == ("flagged" if v.case.expect_race else "not flagged") and v.ok

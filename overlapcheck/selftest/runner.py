@@ -12,6 +12,7 @@ cuda, for stream<->stream cases) PyTorch's CUDA sanitizer agreed too.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -136,22 +137,31 @@ def select(names: Optional[Iterable[str]] = None) -> List[Case]:
 def run_case(case: Case, device: str = "sim", seed: int = 0,
              sanitizer: Optional[str] = None) -> Verdict:
     """Run one case under every schedule of ``device`` and judge it."""
-    runs = [run_once(case, device, st, sd) for st, sd in schedules(device, seed)]
-    return judge(case, runs, sanitizer)
+    return judge(case, _runs(case, device, seed), sanitizer)
+
+
+def _runs(case: Case, device: str, seed: int) -> List[Run]:
+    return [run_once(case, device, st, sd) for st, sd in schedules(device, seed)]
 
 
 def run_catalogue(device: str = "sim", seed: int = 0, names: Optional[Iterable[str]] = None,
-                  with_sanitizer: bool = False) -> List[Verdict]:
+                  with_sanitizer: bool = False, jobs: Optional[int] = None) -> List[Verdict]:
     """Judge every selected case; with ``with_sanitizer`` (cuda only), also run PyTorch's
-    CUDA sanitizer on each stream<->stream case, one subprocess per case."""
-    out = []
-    for case in select(names):
-        san = None
-        if with_sanitizer:
-            from .sanitizer import check
-            san = check(case.name) if case.sanitizer else "n/a"
-        out.append(run_case(case, device, seed, san))
-    return out
+    CUDA sanitizer on each stream<->stream case, one subprocess per case. The
+    subprocesses run ``jobs`` at a time (default: up to 4, as CPUs allow) while this
+    process runs the cases: each spends most of its time importing torch and starting a
+    CUDA context, so one after another they took minutes."""
+    cases = select(names)
+    if with_sanitizer:
+        from concurrent.futures import ThreadPoolExecutor
+        from .sanitizer import check
+        n = jobs or max(1, min(4, (os.cpu_count() or 1) // 2))
+        with ThreadPoolExecutor(n) as pool:
+            futures = {c.name: pool.submit(check, c.name) for c in cases if c.sanitizer}
+            runs = [_runs(c, device, seed) for c in cases]
+            return [judge(c, r, futures[c.name].result() if c.sanitizer else "n/a")
+                    for c, r in zip(cases, runs)]
+    return [run_case(c, device, seed, None) for c in cases]
 
 
 def summary(verdicts: List[Verdict]) -> Dict[str, int]:
