@@ -200,6 +200,8 @@ class Runtime:
         self.streams: List[Stream] = []
         self._by_storage: Dict[int, Buffer] = {}
         self._live: Dict[str, int] = {}     # buffers allocated and not yet freed, by name (no zeros)
+        self._live_seen: Optional[Dict[str, int]] = None   # ``_live`` when last sorted
+        self._live_sorted: Tuple[Tuple[str, int], ...] = ()
         self._serial = 0
         self._events = 0
         self.syncs = 0           # host synchronizations so far
@@ -327,7 +329,11 @@ class Runtime:
     # -- buffers ---------------------------------------------------------------------
     def live_buffers(self) -> Tuple[Tuple[str, int], ...]:
         """Buffers allocated through this runtime and not freed: (name, count), by name."""
-        return tuple(sorted(self._live.items()))
+        live = self._live
+        if live != self._live_seen:     # a step's allocations and frees mostly cancel out
+            self._live_seen = dict(live)
+            self._live_sorted = tuple(sorted(live.items()))
+        return self._live_sorted
 
     def _register(self, buf: Buffer, ptr: Optional[int] = None) -> Buffer:
         """``ptr``: the storage address, when the caller knows it (a reused block)."""
@@ -603,7 +609,7 @@ class Runtime:
         return buf.t.clone() if r is None else buf.t[sorted(r)].clone()
 
     def _write_rows(self, buf: Buffer, values, rows) -> None:
-        if rows is None and type(values) is _ndarray and buf.t.device.type == "cpu":
+        if rows is None and type(values) is _ndarray and buf.t.is_cpu:
             view = self._host_array(buf.t)
             if values.shape == view.shape and values.dtype == view.dtype:
                 view[...] = values    # a host buffer's own memory: no tensor made of it
