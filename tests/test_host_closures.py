@@ -387,6 +387,7 @@ def _few_inputs(rng, b, width):
 
 def _few_case(name, rng, model):
     """(kernel, its arguments as numpy arrays and values) of model kernel ``name``."""
+    from overlapcheck.engine import backup_check as BK
     from overlapcheck.engine import drafts_eagle as DE
     from overlapcheck.engine import drafts_mtp as DM
     from overlapcheck.engine import kernels as K
@@ -419,6 +420,18 @@ def _few_case(name, rng, model):
             rng.integers(-1, width + 4, b + 1)
         return K.stash, (rng.integers(0, 50, 6), rng.integers(0, 50, 6), meta, lens, toks, acc,
                          b, K.ROW if rng.random() < 0.5 else K.FDST)
+    if name == "check_backup":
+        w = table.shape[1]
+        span = np.stack([rng.integers(-1, w, 3), rng.integers(0, w + 2, 3)], 1)
+        if rng.random() < 0.2:
+            span[rng.integers(0, 3)] = [2 ** 62, -2 ** 62]
+        host_kv = kv.copy()
+        host_kv[rng.random(host_kv.shape) < 0.1] = 99        # rows that differ
+        host_table = np.where(rng.random(table.shape) < 0.8, table,
+                              rng.integers(-1, kv.shape[0] + 1, table.shape))
+        tags = (0, 1, 2) if rng.random() < 0.7 else (2, 0, 1)
+        return BK.check_backup, (kv, host_kv, table, host_table, span, meta,
+                                 rng.integers(0, 9, (b + 1, 15)), tags, b)
     if name == "verify":
         return K.verify, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, width)),
                           width, b)
@@ -460,11 +473,11 @@ def _few_case(name, rng, model):
 
 @pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",
                                   "eagle_prefill", "mtp_prefill_seed", "mtp_seed",
-                                  "write_table", "accept", "stash"])
+                                  "write_table", "accept", "stash", "check_backup"])
 def test_few_entry_model_twins_match_torch(name, monkeypatch):
     """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    decode, the EAGLE prefill, step and extend, the MTP step, accept, stash; a few
-    cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
+    decode, the EAGLE prefill, step and extend, the MTP step, accept, stash, the KV
+    backup's check; a few cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
     and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
     seeds anywhere in int64; a row, length, position, slot or FutureMap slot out of
     range takes the array path, which raises where the kernel refuses it."""
@@ -474,7 +487,7 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
            "eagle_step": "_eagle_step_few", "eagle_extend": "_eagle_extend_few",
            "mtp_step": "_mtp_step_few", "eagle_prefill": "_eagle_prefill_few",
            "write_table": "_write_table_few", "accept": "_accept_few",
-           "stash": "_stash_few"}.get(name)
+           "stash": "_stash_few", "check_backup": "_check_backup_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

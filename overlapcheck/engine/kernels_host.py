@@ -592,8 +592,58 @@ def note_backup(span, meta, lens, out_acc, b):
     span[rows, 1] = np.where(end == lens[:b], lens[:b] + out_acc[:b], end)
 
 
+assert (C.BK_START, C.BK_END, C.BK_BAD, C.BK_POS, C.BK_TOK, C.BK_KPOS, C.BK_RID) == \
+    tuple(range(C.BK_START, C.BK_START + 7))    # one slice of the record
+
+
+def _check_backup_few(kv, host_kv, table, host_table, span, meta, out, tags, b) -> bool:
+    """``check_backup`` of a few entries on Python ints: per entry only the positions
+    of its span, compared row by row after one gather from each pool; False, having
+    written nothing, where a row or tag column is out of range or the shapes are not
+    the kernel's usual ones (the array path wraps, broadcasts or refuses those as
+    torch does)."""
+    if not (_ints(b, meta, out) and _ints(0, kv, host_kv, table, host_table, span)
+            and kv.ndim == host_kv.ndim == table.ndim == host_table.ndim == span.ndim == 2
+            and kv.shape[0] and host_kv.shape[0] and kv.shape[1] == host_kv.shape[1]
+            and table.shape[1] == host_table.shape[1] and table.shape[1] and span.shape[1] >= 2
+            and out.shape[1] > C.BK_RID):
+        return False
+    for c in tags:
+        if not 0 <= c < kv.shape[1]:
+            return False
+    n_rows = min(span.shape[0], table.shape[0], host_table.shape[0])
+    rows = meta[:b, ROW].tolist()
+    for r in rows:
+        if not 0 <= r < n_rows:
+            return False
+    tok_c, pos_c, rid_c = tags
+    width, ks, hs = table.shape[1], kv.shape[0], host_kv.shape[0]
+    recs = []
+    for r in rows:
+        s, e = span[r, :2].tolist()
+        src, dst = table[r].tolist(), host_table[r].tolist()
+        span_p = range(max(s, 0), min(e, width))
+        ok = [p for p in span_p if 0 <= src[p] < ks and 0 <= dst[p] < hs]
+        same = set()
+        if ok:
+            held = host_kv[[dst[p] for p in ok]].tolist()
+            now = kv[[src[p] for p in ok]].tolist()
+            same = {p for p, x, y in zip(ok, held, now) if x == y}
+        bad = [p for p in span_p if p not in same]
+        first = bad[0] if bad else 0
+        held_at = dst[first] if (first in span_p and 0 <= src[first] < ks
+                                 and 0 <= dst[first] < hs) else 0   # else the padding slot
+        at = host_kv[held_at].tolist()
+        recs.append([s, e, len(bad), bad[0] if bad else -1, at[tok_c], at[pos_c], at[rid_c]])
+    out[:b, C.BK_START:C.BK_RID + 1] = recs
+    return True
+
+
 @host_twin(BK.check_backup)
 def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
+    if b <= _FEW_B and _check_backup_few(kv, host_kv, table, host_table, span, meta, out,
+                                         tags, b):
+        return
     tok_c, pos_c, rid_c = tags
     rows = meta[:b, ROW]
     s, e = span[rows, 0], span[rows, 1]
