@@ -64,8 +64,11 @@ def _index_tensor(rt, fixed):
     indices = rt.empty((2,), I64, "req_pool_indices", sched)
     rt.launch(sched, lambda i: torch.arange(0, 2, out=i), indices.t, name="make_indices")
     fwd.wait_stream(sched)
-    rt.launch(fwd, lambda p, t, i: p.copy_(t.index_select(0, i)), positions.t,
-              req_to_token.t, indices.t, name="forward_gather")
+    # the indices are clamped: on a GPU the race is real, and a gather that reads the
+    # reused block after its next allocation's poison fill would otherwise take an
+    # out-of-range index, a device-side assert that ends the whole process
+    rt.launch(fwd, lambda p, t, i: p.copy_(t.index_select(0, i.clamp(0, t.shape[0] - 1))),
+              positions.t, req_to_token.t, indices.t, name="forward_gather")
     if fixed:
         rt.record_stream(indices, fwd)
     rt.free(indices)
