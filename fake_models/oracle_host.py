@@ -138,11 +138,21 @@ def _single(kv, rows, ctx) -> bool:
     return rows.shape == (1,) and ctx.shape == (1,) and kv.shape[0] > 0
 
 
+_SHORT = 32    # up to this many positions, a one-query hash sums its terms on Python ints
+
+
 def raw_hash_one(kv, table, row: int, ctx: int) -> int:
     """``raw_hash`` of one query (``row``, ``ctx``: ints) as an int: the terms of its
-    first ``ctx`` slots (see ``_single``; a pool that is not empty)."""
-    c = min(max(ctx, 0), table.shape[1])
-    return int(_sum(_terms(kv[table[row, :c], TOK], _factors(table.shape[1])[1][:c]))) % M
+    first ``ctx`` slots (see ``_single``; a pool that is not empty), after one gather
+    (which wraps or refuses a slot as the array path does); a short context's on Python
+    ints (each term is below M: the sum is the int64 one)."""
+    width = table.shape[1]
+    c = min(max(ctx, 0), width)
+    toks = kv[table[row, :c], TOK]
+    if c <= _SHORT and toks.dtype is _I64:
+        f = _factor_list(width, 0)
+        return sum([t % M * f[p] % M for p, t in enumerate(toks.tolist())]) % M
+    return int(_sum(_terms(toks, _factors(width)[1][:c]))) % M
 
 
 def raw_hash(kv, table, rows, ctx_lens):
