@@ -229,14 +229,17 @@ def test_oracle_twin_hashes_of_one_query_match_torch():
 
 
 @pytest.mark.parametrize("b", [1, 2])
-def test_canary_twin_matches_torch(b):
-    """The canary twin (its one-entry path at ``b == 1``) writes the torch kernel's
-    record: tags wrong or missing, slots out of the pool or negative, lengths below 0
-    or past the table, a prefix column, another tag order; and raises where the
-    kernel's gathers refuse."""
+def test_canary_twin_matches_torch(b, monkeypatch):
+    """The canary twin (its one-entry path at ``b == 1``, and that path's clean case:
+    every slot, position and tag as expected) writes the torch kernel's record: tags
+    wrong or missing, slots out of the pool or negative, lengths below 0 or past the
+    table, a prefix column, another tag order; and raises where the kernel's gathers
+    refuse."""
     from overlapcheck.engine import canary as C
     from overlapcheck.engine import kernels_host as KH
     from overlapcheck.engine.kernels import N, RID, ROW, START
+    clean, real = [], KH._canary_clean
+    monkeypatch.setattr(KH, "_canary_clean", lambda *a: clean.append(real(*a)) or clean[-1])
     rng = np.random.default_rng(11)
     checked = 0
     for _ in range(300):
@@ -246,8 +249,19 @@ def test_canary_twin_matches_torch(b):
         if rng.random() < 0.3:
             kv[rng.random(kv.shape) < 0.3] = -2 ** 62
         table = rng.integers(-2, pool + 2, (3, width))
+        consistent = rng.random() < 0.5
+        if consistent:              # a KV that row 0 reads as written: the clean case
+            pool = max(pool, width)
+            table[0] = rng.permutation(pool)[:width]
+            kv = np.stack([rng.integers(0, 5, pool), rng.integers(0, width, pool),
+                           np.full(pool, 1)], 1)
+            kv[table[0], 1] = np.arange(width)
+            if rng.random() < 0.2:
+                kv[table[0][rng.integers(0, width)], rng.integers(0, 3)] = 4
         meta = rng.integers(0, 3, (b + 1, 16))
-        meta[:, ROW] = rng.integers(-3, 4, b + 1)
+        meta[:, ROW] = rng.integers(-3, 4, b + 1) if not consistent else 0
+        if consistent:
+            meta[:, RID] = 1 if rng.random() < 0.9 else 2
         meta[:, START], meta[:, N] = rng.integers(-3, width, b + 1), rng.integers(0, 4, b + 1)
         lens = rng.integers(-2, width + 3, b + 1)
         tags = (0, 1, 2) if rng.random() < 0.5 else (2, 0, 1)
@@ -266,6 +280,8 @@ def test_canary_twin_matches_torch(b):
         assert (got == want).all(), (got, want)
         checked += 1
     assert checked > 100
+    if b == 1:
+        assert sum(clean) > 25 and not all(clean)
 
 
 @pytest.mark.parametrize("b", [1, 2])
