@@ -472,14 +472,60 @@ class OracleHost:
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
         return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
 
-    def eagle_out_rows(self, vals, pos: int, width: int, seed: int, seeded: bool):
-        """``eagle_out`` (a chain) of one query at ``pos`` on Python ints: ``vals``, the
-        EAGLE KV rows of its table row's first ``pos + 1`` slots (``row_slots``), table
-        ``width``; returns (hidden, draft token)."""
+    def eagle_out_rows(self, vals, pos: int, width: int, seed: int, seeded: bool,
+                       topk: int = 1):
+        """``eagle_out`` of one query at ``pos`` on Python ints: ``vals``, the EAGLE KV
+        rows of its table row's first ``pos + 1`` slots (``row_slots``), table
+        ``width``; returns (hidden, draft token), or (hidden, its ``topk`` candidates)
+        for a tree (``topk`` > 1)."""
         r = vals[pos]
         g = wrap64(r[FEAT] + term_int(r[TOK], pos + 1)) % M
         seen = prefix_hashes(vals, width, (TOK, FEAT))[-1]
-        return g, self.heads([g], [seen], [pos + 2], [seed], [seeded])[0]
+        if topk == 1:
+            return g, self.heads([g], [seen], [pos + 2], [seed], [seeded])[0]
+        return g, self.tree_head(g, seen, pos + 2, seed, seeded, topk)
+
+    def tree_head(self, x: int, e: int, q: int, s: int, sd: bool, topk: int) -> list:
+        """``_agree(sample(mix(g, p), seeds, p, seeded), mix(seen, g, seeds, p), topk)``
+        of one query on Python ints (``x``: g, ``e``: seen, both in [0, M); ``q``: p),
+        as ``heads`` for a chain: the ``topk`` candidates of ``ranked``."""
+        V, A = self.vocab, self.agreement
+        pm = (q % M) * 69621 + 12345
+        sm = (s % M) * 69621 + 12345
+        t = (x * 48271 + pm) % M
+        h = t ^ (t >> 11)
+        t = (h * 48271 + _C1) % M
+        like = (t ^ (t >> 11)) % V
+        if sd:
+            t = (h * 48271 + sm) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + pm) % M
+            u = t ^ (t >> 11)
+            if u % 100 < SEEDED_PERCENT:
+                like = (u >> 7) % V
+        t = (e * 48271 + (x % M) * 69621 + 12345) % M
+        u = t ^ (t >> 11)
+        t = (u * 48271 + sm) % M
+        u = t ^ (t >> 11)
+        t = (u * 48271 + pm) % M
+        u = t ^ (t >> 11)
+        agrees = []
+        for r in range(topk):
+            y = self.salt + 11 + RANK_SALT * r
+            t = (u * 48271 + (y % M) * 69621 + 12345) % M
+            agrees.append((t ^ (t >> 11)) % 100 < A)
+        t = (u * 48271 + _C3) % M
+        o = 1 + (t ^ (t >> 11)) % (V - 1)
+        taken = agrees[0]                 # ``ranked`` on ints
+        out = [like if taken else (like + o) % V]
+        used = 0 if taken else 1
+        for a in agrees[1:]:
+            pick = a and not taken
+            off = 1 + (o - 1 + used) % (V - 1)
+            out.append(like if pick else (like + off) % V)
+            used += 0 if pick else 1
+            taken = taken or pick
+        return out
 
     def mtp_rows(self, vals, width: int, pos: int, tok: int, feat: int, seed: int,
                  seeded: bool):

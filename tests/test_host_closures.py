@@ -455,7 +455,9 @@ def _few_case(name, rng, model):
         return K.decode, (model, kv, table, meta, toks, lens, rng.integers(0, 9, (b + 1, 2)),
                           rng.integers(0, 9, b + 1), b)
     dst = K.ROW if rng.random() < 0.5 else K.FDST
-    fm_draft, fm_hid = rng.integers(0, 50, 6), rng.integers(0, 2 ** 31, (6, 1))
+    topk = 1 if rng.random() < 0.6 else int(rng.integers(2, 4))     # a chain or a tree
+    fm_draft = rng.integers(0, 50, 6 if topk == 1 else (6, topk))
+    fm_hid = rng.integers(0, 2 ** 31, (6, 1))
     if name in ("eagle_prefill", "mtp_prefill_seed"):
         w = table.shape[1]
         meta[:, K.START], meta[:, K.N] = rng.integers(0, w, b + 1), rng.integers(1, 4, b + 1)
@@ -469,11 +471,16 @@ def _few_case(name, rng, model):
         if rng.random() < 0.15:
             ptok[rng.integers(0, 12), rng.integers(0, 2)] = rng.choice([-1, w + 2, -2 ** 63])
         return DE.eagle_prefill, (model, model.head("eagle"), kv, ekv, table, ptok, meta,
-                                  toks, fm_draft, fm_hid, int(rng.integers(0, 13)), b, dst)
+                                  toks, fm_draft, fm_hid, int(rng.integers(0, 13)), b, dst, topk)
     if name == "mtp_seed":
         return DM.mtp_seed, (model, kv, table, meta, lens, rng.integers(0, width + 1, b + 1),
                              fm_hid, b, dst)
     j = int(rng.integers(1, width + 1))
+    if name == "tree_eagle_step":
+        topk, j = int(rng.integers(2, 4)), int(rng.integers(2, 5))
+        tree = rng.integers(0, 50, (b + 1, 1 + 4 * topk))
+        return DE.tree_eagle_step, (model, model.head("eagle"), ekv, table, meta, tree, lens, hid,
+                                    j, topk, b)
     if name == "eagle_step":
         return DE.eagle_step, (model, model.head("eagle"), ekv, table, meta, toks, lens, hid,
                                j, b, gate)
@@ -484,15 +491,17 @@ def _few_case(name, rng, model):
     acc = rng.integers(1, width + 1, b + 1) if rng.random() < 0.8 else \
         rng.integers(-1, width + 3, b + 1)
     return DE.eagle_extend, (model, model.head("eagle"), kv, ekv, table, meta, lens, toks[:, :width],
-                             acc, fm_draft, fm_hid, width, b, bool(rng.random() < 0.2), dst)
+                             acc, fm_draft, fm_hid, width, b, bool(rng.random() < 0.2), dst,
+                             topk)
 
 
 @pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",
                                   "eagle_prefill", "mtp_prefill_seed", "mtp_seed",
-                                  "write_table", "accept", "stash", "check_backup"])
+                                  "write_table", "accept", "stash", "check_backup",
+                                  "tree_eagle_step"])
 def test_few_entry_model_twins_match_torch(name, monkeypatch):
     """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    decode, the EAGLE prefill, step and extend, the MTP step, accept, stash, the KV
+    decode, the EAGLE prefill, step and extend (chains and trees), a tree's EAGLE step, the MTP step, accept, stash, the KV
     backup's check; a few cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
     and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
     seeds anywhere in int64; a row, length, position, slot or FutureMap slot out of
@@ -503,7 +512,8 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
            "eagle_step": "_eagle_step_few", "eagle_extend": "_eagle_extend_few",
            "mtp_step": "_mtp_step_few", "eagle_prefill": "_eagle_prefill_few",
            "write_table": "_write_table_few", "accept": "_accept_few",
-           "stash": "_stash_few", "check_backup": "_check_backup_few"}.get(name)
+           "stash": "_stash_few", "check_backup": "_check_backup_few",
+           "tree_eagle_step": "_tree_eagle_step_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

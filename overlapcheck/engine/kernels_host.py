@@ -696,8 +696,8 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
 
 # -- drafts_eagle.py -----------------------------------------------------------------------
 def _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
-                      dst) -> bool:
-    """``eagle_prefill`` (a chain) on Python ints: the prompt tokens' pairs from running
+                      dst, topk) -> bool:
+    """``eagle_prefill`` on Python ints: the prompt tokens' pairs from running
     sums of their table rows' terms, then each entry's final pair, head and stash; False,
     having written nothing, where the array path must run."""
     if kv.shape[1] != hm.kv_width or ekv.shape[1] != hm.eagle_width:
@@ -736,8 +736,8 @@ def _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid
             ekv[slots[e[ROW]][c - 1]] = (o if e[SAMPLE] == 1 else e[NEXT], c - 1, e[RID],
                                          pre[e[ROW]][c])
     heads = [hm.eagle_out_rows(ekv[slots[e[ROW]][:c]].tolist(), c - 1, width_t, e[SEED],
-                               e[SEEDED] == 1) for e, c in zip(ms, ctxs)]
-    old_d, old_h = fm_draft[dests].tolist(), fm_hid[dests]
+                               e[SEEDED] == 1, topk) for e, c in zip(ms, ctxs)]
+    old_d, old_h = fm_draft[dests], fm_hid[dests]
     for i, (e, d, (g, d1)) in enumerate(zip(ms, dests, heads)):
         keep = e[LAST] == 1 or dst != ROW          # ``_stores``
         fm_draft[d] = d1 if keep else old_d[i]
@@ -749,12 +749,12 @@ def _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
                   dst=ROW, topk=1):
     hm = _model(model)
-    if b <= _FEW_B and n <= _FEW_TOKENS and topk == 1 and _ints(b, meta, out_tok) \
+    if b <= _FEW_B and n <= _FEW_TOKENS and _ints(b, meta, out_tok) \
             and _ints(0, kv, ekv, table, ptok, fm_draft, fm_hid) \
-            and hasattr(hm, "eagle_out_rows") and ptok.shape[1] == 4 and out_tok.shape[1] \
-            and fm_draft.ndim == 1 and fm_hid.ndim == 2 \
+            and hasattr(hm, "tree_head") and ptok.shape[1] == 4 and out_tok.shape[1] \
+            and _fm_draft_ok(fm_draft, topk) and fm_hid.ndim == 2 \
             and _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid,
-                                   n, b, dst):
+                                   n, b, dst, topk):
         return
     p = ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
@@ -797,12 +797,20 @@ def _eagle_plan(hm, ekv, table, ents):
     return plan
 
 
-def _eagle_outs(hm, ekv, table, plan, ats, ms):
-    """``eagle_out`` (a chain) per entry at position ``ats[i]`` on Python ints, after
-    the writes: (hidden, draft token) each."""
+def _eagle_outs(hm, ekv, table, plan, ats, ms, topk=1):
+    """``eagle_out`` per entry at position ``ats[i]`` on Python ints, after the writes:
+    (hidden, draft token or, for a tree, its ``topk`` candidates) each."""
     width = table.shape[1]
-    return [hm.eagle_out_rows(ekv[slots[:at + 1]].tolist(), at, width, e[SEED], e[SEEDED] == 1)
+    return [hm.eagle_out_rows(ekv[slots[:at + 1]].tolist(), at, width, e[SEED], e[SEEDED] == 1,
+                              topk)
             for slots, at, e in zip(plan, ats, ms)]
+
+
+def _fm_draft_ok(fm_draft, topk: int) -> bool:
+    """Whether the FutureMap's draft rows take one entry's head output as they are: a
+    token per slot for a chain, ``topk`` of them for a tree."""
+    return fm_draft.ndim == 1 if topk == 1 else (fm_draft.ndim == 2
+                                                 and fm_draft.shape[1] == topk)
 
 
 def _eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, b, gate) -> bool:
@@ -843,9 +851,9 @@ def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None
 
 
 def _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
-                     width, b, by_position, dst) -> bool:
-    """``eagle_extend`` (a chain) of a few entries on Python ints; False, having written
-    nothing, where the array path must run."""
+                     width, b, by_position, dst, topk) -> bool:
+    """``eagle_extend`` of a few entries on Python ints; False, having written nothing,
+    where the array path must run."""
     ms, ls, accs = meta[:b].tolist(), lens[:b].tolist(), out_acc[:b].tolist()
     ats = [L + a - 1 for L, a in zip(ls, accs)]
     width_t, size = table.shape[1], kv.shape[0]
@@ -874,7 +882,7 @@ def _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft
         rid = e[RID]
         for o in range(min(max(a, 0), width)):     # kept: the accepted positions
             ekv[slots[L + o]] = (tk[o], L + o, rid, pre[L + o + 1])
-    for d, (g, d1) in zip(dests, _eagle_outs(hm, ekv, table, plan, ats, ms)):
+    for d, (g, d1) in zip(dests, _eagle_outs(hm, ekv, table, plan, ats, ms, topk)):
         fm_draft[d] = d1
         fm_hid[d] = g
     return True
@@ -884,11 +892,11 @@ def _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
                  width, b, by_position=False, dst=ROW, topk=1):
     hm = _model(model)
-    if b <= _FEW_B and topk == 1 and _ints(b, meta, lens, out_tok, out_acc) \
-            and _ints(0, kv, ekv, table, fm_draft, fm_hid) and hasattr(hm, "eagle_out_rows") \
-            and out_tok.shape[1] >= width and fm_draft.ndim == 1 and fm_hid.ndim == 2 \
+    if b <= _FEW_B and _ints(b, meta, lens, out_tok, out_acc) \
+            and _ints(0, kv, ekv, table, fm_draft, fm_hid) and hasattr(hm, "tree_head") \
+            and out_tok.shape[1] >= width and _fm_draft_ok(fm_draft, topk) and fm_hid.ndim == 2 \
             and _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft,
-                                  fm_hid, width, b, by_position, dst):
+                                  fm_hid, width, b, by_position, dst, topk):
         return
     m = meta[:b]
     offs = np.arange(width)
@@ -915,9 +923,35 @@ def tree_eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, topk, b
     hid[:b] = fm_hid[slots]
 
 
+def _tree_eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, topk, b) -> bool:
+    """``tree_eagle_step`` of a few entries on Python ints (no host-lengths cut); False,
+    having written nothing, where the array path must run."""
+    src, lo, hi = K.tree_node(j - 1, 0, topk), K.tree_node(j, 0, topk), K.tree_node(j + 1, 0, topk)
+    if not (0 <= src and hi - lo == topk and drafts.shape[1] >= hi):
+        return False
+    ms, ls = meta[:b].tolist(), lens[:b].tolist()
+    ats = [L + j - 2 for L in ls]
+    plan = _eagle_plan(hm, ekv, table, [(e[ROW], at + 1, at) for e, at in zip(ms, ats)])
+    if plan is None:
+        return False
+    toks, feats = drafts[:b, src].tolist(), hid[:b, 0].tolist()
+    for slots, e, at, t, f in zip(plan, ms, ats, toks, feats):
+        ekv[slots[at]] = (t, at, e[RID], f)          # the last writer of a slot wins
+    outs = _eagle_outs(hm, ekv, table, plan, ats, ms, topk)
+    drafts[:b, lo:hi] = [c for _, c in outs]
+    for i, (g, _) in enumerate(outs):
+        hid[i] = g
+    return True
+
+
 @host_twin(DE.tree_eagle_step)
 def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b, hcol=None):
     hm = _model(model)
+    if b <= _FEW_B and hcol is None and topk > 1 and _ints(b, meta, lens, drafts, hid) \
+            and _ints(0, ekv, table) and hasattr(hm, "tree_head") and hid.ndim == 2 \
+            and hid.shape[1] and _tree_eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j,
+                                                      topk, b):
+        return
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 2)
     hm.eagle_write(ekv, table, rows, pos, drafts[:b, K.tree_node(j - 1, 0, topk)], hid[:b],
