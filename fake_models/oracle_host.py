@@ -372,6 +372,10 @@ class OracleHost:
             out.append(tok)
         return out
 
+    def drafts(self, raws, cs, ss, sds) -> list:
+        """``draft``'s chain tokens from per-query raw hashes on Python ints."""
+        return self._drafts(raws, cs, ss, sds)
+
     def _drafts(self, raws, cs, ss, sds) -> list:
         """``draft``'s chain tokens per query, on Python ints (see ``draft``)."""
         V, A, out = self.vocab, self.agreement, []

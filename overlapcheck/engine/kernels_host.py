@@ -211,9 +211,38 @@ def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
     host_kv[dst] = kv[src]
 
 
+def _draft_step_few(hm, draft_kv, table, meta, drafts, lens, j, b, gate) -> bool:
+    """``draft_step`` (a standalone chain draft) of a few entries on Python ints (no
+    host-lengths cut); False, having written nothing, where the array path must run."""
+    if draft_kv.shape[1] != hm.kv_width:
+        return False
+    ms, ls = meta[:b].tolist(), lens[:b].tolist()
+    size, width_t, plan = draft_kv.shape[0], table.shape[1], []
+    for e, L in zip(ms, ls):
+        at = L + j - 1
+        slots = hm.row_slots(table, e[ROW], at + 1, size) if at >= 0 else None
+        if slots is None:
+            return False
+        plan.append(slots)
+    toks = drafts[:b, j - 1].tolist()
+    for slots, e, L, t in zip(plan, ms, ls, toks):
+        if gate is None or e[gate] == 1:        # kept: the last kept writer of a slot wins
+            draft_kv[slots[L + j - 1]] = (t, L + j - 1, e[RID])
+    raws = [hm.hashes(draft_kv[slots].tolist(), width_t)[-1] for slots in plan]
+    new = hm.drafts(raws, [L + j for L in ls], [e[SEED] for e in ms],
+                    [e[SEEDED] == 1 for e in ms])
+    old = drafts[:b, j].tolist()
+    drafts[:b, j] = [d if gate is None or e[gate] == 1 else o for d, e, o in zip(new, ms, old)]
+    return True
+
+
 @host_twin(K.draft_step)
 def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol=None):
     hm = _model(model)
+    if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts) \
+            and _ints(0, draft_kv, table) and hasattr(hm, "drafts") and drafts.shape[1] > j >= 1 \
+            and _draft_step_few(hm, draft_kv, table, meta, drafts, lens, j, b, gate):
+        return
     m = meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 1)
     hm.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID],
@@ -320,9 +349,33 @@ def accept(drafts, tgt, out_tok, out_acc, k, b):
     out_tok[:b, :k + 1] = tgt[:b, :k + 1]
 
 
+def _draft_extend_few(hm, draft_kv, table, meta, drafts, lens, out_acc, width, b) -> bool:
+    """``draft_extend`` of a few entries on Python ints: the accepted positions' draft
+    KV, every slot checked first; False, having written nothing, where the array path
+    must run."""
+    if draft_kv.shape[1] != hm.kv_width or drafts.shape[1] < width:
+        return False
+    ms, ls, accs = meta[:b].tolist(), lens[:b].tolist(), out_acc[:b].tolist()
+    size, plan = draft_kv.shape[0], []
+    for e, L in zip(ms, ls):
+        slots = hm.row_slots(table, e[ROW], L + width, size) if L >= 0 else None
+        if slots is None:
+            return False
+        plan.append(slots)
+    for slots, e, L, a, tk in zip(plan, ms, ls, accs, drafts[:b, :width].tolist()):
+        rid = e[RID]
+        for o in range(min(max(a, 0), width)):     # kept: the last kept writer wins
+            draft_kv[slots[L + o]] = (tk[o], L + o, rid)
+    return True
+
+
 @host_twin(K.draft_extend)
 def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
     hm = _model(model)
+    if b <= _FEW_B and _ints(b, meta, lens, drafts, out_acc) and _ints(0, draft_kv, table) \
+            and hasattr(hm, "drafts") \
+            and _draft_extend_few(hm, draft_kv, table, meta, drafts, lens, out_acc, width, b):
+        return
     m = meta[:b]
     offs = np.arange(width)
     pos = (lens[:b, None] + offs).reshape(-1)
