@@ -372,6 +372,21 @@ class OracleHost:
             out.append(tok)
         return out
 
+    @staticmethod
+    def tree_raws(vals, L: int, width: int, parent, depth) -> list:
+        """The raw hashes a tree verify's nodes read, on Python ints: ``vals``, the KV
+        rows of a table row's first ``L + n`` positions after the nodes' writes (node
+        ``i`` at position ``L + i``, read at ``L + depth[i]`` along its path); each
+        node's hash is the context's below ``L`` plus its ancestors' terms, summed down
+        the tree (``parent``: a node's, before it in node order)."""
+        f = _factor_list(width, 0)
+        base = prefix_hashes(vals[:L], width)[-1]
+        acc = []
+        for i, (p, d) in enumerate(zip(parent, depth)):
+            t = vals[L + i][TOK] % M * f[L + d] % M
+            acc.append(t if p < 0 else acc[p] + t)
+        return [(base + a) % M for a in acc]
+
     def drafts(self, raws, cs, ss, sds) -> list:
         """``draft``'s chain tokens from per-query raw hashes on Python ints."""
         return self._drafts(raws, cs, ss, sds)

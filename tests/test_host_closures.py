@@ -476,6 +476,13 @@ def _few_case(name, rng, model):
         return DM.mtp_seed, (model, kv, table, meta, lens, rng.integers(0, width + 1, b + 1),
                              fm_hid, b, dst)
     j = int(rng.integers(1, width + 1))
+    if name == "tree_verify":
+        topk, k = int(rng.integers(2, 4)), int(rng.integers(1, 4))
+        n = 1 + k * topk
+        x = _few_inputs(rng, b, n)       # room in the rows for the tree's n positions
+        return K.tree_verify, (model, x["kv"], x["table"], x["meta"],
+                               rng.integers(0, 50, (b + 1, n)), x["lens"],
+                               rng.integers(0, 9, (b + 1, n)), k, topk, b)
     if name == "draft_step":
         return K.draft_step, (model, kv, table, meta, toks, lens, j, b, gate)
     if name == "draft_extend":
@@ -504,10 +511,11 @@ def _few_case(name, rng, model):
 @pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",
                                   "eagle_prefill", "mtp_prefill_seed", "mtp_seed",
                                   "write_table", "accept", "stash", "check_backup",
-                                  "tree_eagle_step", "draft_step", "draft_extend"])
+                                  "tree_eagle_step", "draft_step", "draft_extend",
+                                  "tree_verify"])
 def test_few_entry_model_twins_match_torch(name, monkeypatch):
     """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    decode, a standalone draft's step and extend, the EAGLE prefill, step and extend
+    a tree's verify, decode, a standalone draft's step and extend, the EAGLE prefill, step and extend
     (chains and trees), a tree's EAGLE step, the MTP step, accept, stash, the KV
     backup's check; a few cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
     and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
@@ -521,7 +529,7 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
            "write_table": "_write_table_few", "accept": "_accept_few",
            "stash": "_stash_few", "check_backup": "_check_backup_few",
            "tree_eagle_step": "_tree_eagle_step_few", "draft_step": "_draft_step_few",
-           "draft_extend": "_draft_extend_few"}.get(name)
+           "draft_extend": "_draft_extend_few", "tree_verify": "_tree_verify_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

@@ -470,9 +470,49 @@ def tree_draft_step(model, draft_kv, table, meta, drafts, lens, j, topk, b, hcol
         hm, m, lens[:b], c, hcol)
 
 
+_TREE_LISTS = {}     # (k, topk) -> (parent, depth) of ``_tree`` as lists
+
+
+def _tree_verify_few(hm, kv, table, meta, drafts, lens, tgt, k, topk, b) -> bool:
+    """``tree_verify`` of a few entries on Python ints: node ``i``'s KV written at its
+    row's position ``L + i`` (its place in the tree's view), then each node's target
+    from its ancestors' terms (``hm.tree_raws``); False, having written nothing, where
+    the array path must run."""
+    hit = _TREE_LISTS.get((k, topk))
+    if hit is None:
+        parent, depth, _ = _tree(k, topk)
+        hit = _TREE_LISTS[(k, topk)] = (parent.tolist(), depth.tolist())
+    parent, depth = hit
+    n = len(parent)
+    if kv.shape[1] != hm.kv_width or drafts.shape[1] < n or tgt.shape[1] < n:
+        return False
+    ms, ls = meta[:b].tolist(), lens[:b].tolist()
+    size, width_t, plan = kv.shape[0], table.shape[1], []
+    for e, L in zip(ms, ls):
+        slots = hm.row_slots(table, e[ROW], L + n, size) if L >= 0 else None
+        if slots is None:
+            return False
+        plan.append(slots)
+    for slots, e, L, tk in zip(plan, ms, ls, drafts[:b, :n].tolist()):
+        rid = e[RID]
+        for i in range(n):                 # (TOK, POS, RID); the last writer wins
+            kv[slots[L + i]] = (tk[i], L + depth[i], rid)
+    out = []
+    for slots, e, L in zip(plan, ms, ls):
+        raws = hm.tree_raws(kv[slots].tolist(), L, width_t, parent, depth)
+        out.append(hm.targets(raws, [L + d + 1 for d in depth], [e[SEED]] * n,
+                              [e[SEEDED] == 1] * n))
+    tgt[:b, :n] = out
+    return True
+
+
 @host_twin(K.tree_verify)
 def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
     hm = _model(model)
+    if b <= _FEW_B and _ints(b, meta, lens, drafts, tgt) and _ints(0, kv, table) \
+            and hasattr(hm, "tree_raws") \
+            and _tree_verify_few(hm, kv, table, meta, drafts, lens, tgt, k, topk, b):
+        return
     m = meta[:b]
     parent, depth, path = _tree(k, topk)
     n, w = parent.shape[0], table.shape[1]
