@@ -436,6 +436,26 @@ def _few_case(name, rng, model):
             rng.integers(-1, width + 4, b + 1)
         return K.stash, (rng.integers(0, 50, 6), rng.integers(0, 50, 6), meta, lens, toks, acc,
                          b, K.ROW if rng.random() < 0.5 else K.FDST)
+    if name in ("reset_span", "note_backup"):
+        span = rng.integers(0, table.shape[1], (3, 2))
+        if rng.random() < 0.3:
+            meta[:, K.START] = rng.choice([2 ** 62, 2 ** 63 - 1])
+            meta[:, K.N] = rng.choice([2 ** 62, 5])
+        if name == "reset_span":
+            return BK.reset_span, (span, meta, b)
+        span[:, 1] = np.where(rng.random(3) < 0.7, lens[:3] if b >= 2 else lens[0], span[:, 1])
+        return BK.note_backup, (span, meta, lens, rng.integers(0, width + 1, b + 1), b)
+    if name == "backup_kv":
+        host_table = np.where(rng.random(table.shape) < 0.9, table,
+                              rng.integers(-1, kv.shape[0] + 1, table.shape))
+        acc = rng.integers(0, width + 2, b + 1)
+        return K.backup_kv, (kv, rng.integers(0, 9, kv.shape), table, host_table, meta, lens,
+                             acc, width, b)
+    if name == "ahead_start":
+        acc = rng.integers(1, width + 2, b + 1) if rng.random() < 0.8 else \
+            rng.integers(-1, width + 3, b + 1)
+        return K.ahead_start, (meta, lens, toks, acc, rng.integers(0, 9, (b + 1, width + 1)),
+                               rng.integers(0, 9, b + 1), b)
     if name == "check_backup":
         w = table.shape[1]
         span = np.stack([rng.integers(-1, w, 3), rng.integers(0, w + 2, 3)], 1)
@@ -512,15 +532,18 @@ def _few_case(name, rng, model):
                                   "eagle_prefill", "mtp_prefill_seed", "mtp_seed",
                                   "write_table", "accept", "stash", "check_backup",
                                   "tree_eagle_step", "draft_step", "draft_extend",
-                                  "tree_verify"])
-def test_few_entry_model_twins_match_torch(name, monkeypatch):
-    """The model kernels' twins on Python ints for a few entries (``_FEW_B``: verify,
-    a tree's verify, decode, a standalone draft's step and extend, the EAGLE prefill, step and extend
-    (chains and trees), a tree's EAGLE step, the MTP step, accept, stash, the KV
-    backup's check; a few cells: write_table; one entry: the MTP seeds) write what the torch kernels write: entries sharing a table row and its slots, gated
-    and ungated steps, last chunks or not, poison KV values, hidden states and lengths,
-    seeds anywhere in int64; a row, length, position, slot or FutureMap slot out of
-    range takes the array path, which raises where the kernel refuses it."""
+                                  "tree_verify", "reset_span", "note_backup", "backup_kv",
+                                  "ahead_start"])
+def test_few_entry_twins_match_torch(name, monkeypatch):
+    """The kernels' twins on Python ints for a few entries (``_FEW_B``: verify, a tree's
+    verify, decode, a standalone draft's step and extend, the EAGLE prefill, step and
+    extend (chains and trees), a tree's EAGLE step, the MTP step, accept, stash, the
+    zero-bubble start, the KV backup, its spans and its check; a few cells:
+    write_table; one entry: the MTP seeds) write what the torch kernels write: entries
+    sharing a table row and its slots, gated and ungated steps, last chunks or not,
+    poison KV values, hidden states and lengths, seeds anywhere in int64; a row,
+    length, position, slot or FutureMap slot out of range takes the array path, which
+    raises where the kernel refuses it."""
     from fake_models.oracle import OracleModel
     from overlapcheck.engine import kernels_host as KH
     few = {"verify": "_write_targets", "decode": "_write_targets",
@@ -529,7 +552,9 @@ def test_few_entry_model_twins_match_torch(name, monkeypatch):
            "write_table": "_write_table_few", "accept": "_accept_few",
            "stash": "_stash_few", "check_backup": "_check_backup_few",
            "tree_eagle_step": "_tree_eagle_step_few", "draft_step": "_draft_step_few",
-           "draft_extend": "_draft_extend_few", "tree_verify": "_tree_verify_few"}.get(name)
+           "draft_extend": "_draft_extend_few", "tree_verify": "_tree_verify_few",
+           "reset_span": "_reset_span_few", "note_backup": "_note_backup_few",
+           "backup_kv": "_backup_kv_few", "ahead_start": "_ahead_start_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

@@ -198,8 +198,40 @@ def publish_lens(lens, out_acc, new_lens, b):
     new_lens[:b] = lens[:b] + out_acc[:b]
 
 
+def _backup_kv_few(kv, host_kv, table, host_table, meta, lens, out_acc, width, b) -> bool:
+    """``backup_kv`` of a few entries on Python ints: the (source, destination) pairs in
+    the kernel's order, a position past an entry's accept length repeating the first
+    pair, every index checked before the first write."""
+    if not (_ints(b, meta, lens, out_acc) and _ints(0, kv, host_kv, table, host_table)
+            and kv.ndim == host_kv.ndim == 2 and kv.shape[1] == host_kv.shape[1]
+            and table.shape[1] == host_table.shape[1] and width >= 1 and b >= 1):
+        return False
+    ms, ls, accs = meta[:b].tolist(), lens[:b].tolist(), out_acc[:b].tolist()
+    n_rows, w_t = min(table.shape[0], host_table.shape[0]), table.shape[1]
+    pairs = []
+    for e, L, a in zip(ms, ls, accs):
+        r = e[ROW]
+        if not (0 <= r < n_rows and 0 <= L and L + width <= w_t):
+            return False
+        src, dst = table[r, L:L + width].tolist(), host_table[r, L:L + width].tolist()
+        pairs += [(s, d, o < a) for o, (s, d) in enumerate(zip(src, dst))]
+    s0, d0 = pairs[0][0], pairs[0][1]
+    pairs = [(s, d) if kept else (s0, d0) for s, d, kept in pairs]
+    ks, hs = kv.shape[0], host_kv.shape[0]
+    for s, d in pairs:
+        if not (0 <= s < ks and 0 <= d < hs):
+            return False
+    vals = kv[[s for s, _ in pairs]].tolist()
+    for (_, d), v in zip(pairs, vals):
+        host_kv[d] = v                      # the last writer of a slot wins
+    return True
+
+
 @host_twin(K.backup_kv)
 def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
+    if b <= _FEW_B and _backup_kv_few(kv, host_kv, table, host_table, meta, lens, out_acc,
+                                      width, b):
+        return
     m = meta[:b]
     offs = np.arange(width)
     pos = (lens[:b, None] + offs).reshape(-1)
@@ -258,8 +290,27 @@ def restore(fm_drafts, meta, drafts, k, b, src=ROW):
     drafts[:b, 1:k + 1] = np.where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
 
 
+def _ahead_start_few(meta, lens, out_tok, out_acc, next_drafts, next_lens, b) -> bool:
+    if not (_ints(b, meta, lens, out_tok, out_acc, next_drafts, next_lens)
+            and out_tok.ndim == next_drafts.ndim == 2 and next_drafts.shape[1]
+            and next_lens.ndim == 1):
+        return False
+    accs, w = out_acc[:b].tolist(), out_tok.shape[1]
+    for a in accs:
+        if not 0 < a <= w:
+            return False
+    toks = out_tok[:b].tolist()
+    next_drafts[:b, 0] = [t[a - 1] for t, a in zip(toks, accs)]
+    next_lens[:b] = [_int64(L + a) if e[AHEAD] == 1 else 0
+                     for e, L, a in zip(meta[:b].tolist(), lens[:b].tolist(), accs)]
+    return True
+
+
 @host_twin(K.ahead_start)
 def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
+    if b <= _FEW_B and _ahead_start_few(meta, lens, out_tok, out_acc, next_drafts, next_lens,
+                                        b):
+        return
     m, acc = meta[:b], out_acc[:b]
     first = _gather_last(out_tok, acc, b)
     next_drafts[:b, 0] = first
@@ -697,16 +748,56 @@ def _canary_one(kv, table, m, n, out, tags, pfx):
 
 
 # -- backup_check.py -----------------------------------------------------------------------
+def _rows_in(rows, n: int) -> bool:
+    """Whether every row index is in ``0..n-1`` (the Python-int paths' case: the array
+    path wraps a negative one or refuses one past the end, as torch does)."""
+    for r in rows:
+        if not 0 <= r < n:
+            return False
+    return True
+
+
+def _reset_span_few(span, meta, b) -> bool:
+    if not (_ints(b, meta) and span.dtype is _I64 and span.ndim == 2
+            and span.shape[1] == BK.SPAN):
+        return False
+    ms = meta[:b].tolist()
+    rows = [e[ROW] for e in ms]
+    if not _rows_in(rows, span.shape[0]):
+        return False
+    old = span[rows]
+    for i, (r, e) in enumerate(zip(rows, ms)):
+        span[r] = _int64(e[START] + e[N]) if e[LAST] == 1 else old[i]
+    return True
+
+
 @host_twin(BK.reset_span)
 def reset_span(span, meta, b):
+    if b <= _FEW_B and _reset_span_few(span, meta, b):
+        return
     m = meta[:b]
     rows, last = m[:, ROW], (m[:, LAST] == 1)[:, None]
     ctx = np.broadcast_to((m[:, START] + m[:, N])[:, None], (b, BK.SPAN))
     span[rows] = np.where(last, ctx, span[rows])
 
 
+def _note_backup_few(span, meta, lens, out_acc, b) -> bool:
+    if not (_ints(b, meta, lens, out_acc) and span.dtype is _I64 and span.ndim == 2
+            and span.shape[1] > 1):
+        return False
+    rows = meta[:b, ROW].tolist()
+    if not _rows_in(rows, span.shape[0]):
+        return False
+    ends = [span[r, 1] for r in rows]
+    for r, end, L, a in zip(rows, ends, lens[:b].tolist(), out_acc[:b].tolist()):
+        span[r, 1] = _int64(L + a) if end == L else end
+    return True
+
+
 @host_twin(BK.note_backup)
 def note_backup(span, meta, lens, out_acc, b):
+    if b <= _FEW_B and _note_backup_few(span, meta, lens, out_acc, b):
+        return
     rows = meta[:b, ROW]
     end = span[rows, 1]
     span[rows, 1] = np.where(end == lens[:b], lens[:b] + out_acc[:b], end)
