@@ -451,6 +451,11 @@ def _few_case(name, rng, model):
         acc = rng.integers(0, width + 2, b + 1)
         return K.backup_kv, (kv, rng.integers(0, 9, kv.shape), table, host_table, meta, lens,
                              acc, width, b)
+    if name in ("restore", "ahead_stash"):
+        k = max(k, 1)       # (k = 0: torch indexes an empty row with any slot; numpy refuses)
+        fm_drafts = rng.integers(0, 50, (6, k if rng.random() < 0.9 else k + 1))
+        kernel = K.restore if name == "restore" else K.ahead_stash
+        return kernel, (fm_drafts, meta, toks, k, b, K.ROW if rng.random() < 0.5 else K.FDST)
     if name == "ahead_start":
         acc = rng.integers(1, width + 2, b + 1) if rng.random() < 0.8 else \
             rng.integers(-1, width + 3, b + 1)
@@ -533,12 +538,12 @@ def _few_case(name, rng, model):
                                   "write_table", "accept", "stash", "check_backup",
                                   "tree_eagle_step", "draft_step", "draft_extend",
                                   "tree_verify", "reset_span", "note_backup", "backup_kv",
-                                  "ahead_start"])
+                                  "ahead_start", "restore", "ahead_stash"])
 def test_few_entry_twins_match_torch(name, monkeypatch):
     """The kernels' twins on Python ints for a few entries (``_FEW_B``: verify, a tree's
     verify, decode, a standalone draft's step and extend, the EAGLE prefill, step and
     extend (chains and trees), a tree's EAGLE step, the MTP step, accept, stash, the
-    zero-bubble start, the KV backup, its spans and its check; a few cells:
+    zero-bubble start, restore and stash, the KV backup, its spans and its check; a few cells:
     write_table; one entry: the MTP seeds) write what the torch kernels write: entries
     sharing a table row and its slots, gated and ungated steps, last chunks or not,
     poison KV values, hidden states and lengths, seeds anywhere in int64; a row,
@@ -554,7 +559,8 @@ def test_few_entry_twins_match_torch(name, monkeypatch):
            "tree_eagle_step": "_tree_eagle_step_few", "draft_step": "_draft_step_few",
            "draft_extend": "_draft_extend_few", "tree_verify": "_tree_verify_few",
            "reset_span": "_reset_span_few", "note_backup": "_note_backup_few",
-           "backup_kv": "_backup_kv_few", "ahead_start": "_ahead_start_few"}.get(name)
+           "backup_kv": "_backup_kv_few", "ahead_start": "_ahead_start_few",
+           "restore": "_restore_few", "ahead_stash": "_ahead_stash_few"}.get(name)
     ran = []
     if few is not None:
         real = getattr(KH, few)

@@ -283,8 +283,25 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
     drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
 
 
+def _restore_few(fm_drafts, meta, drafts, k, b, src) -> bool:
+    if not (_ints(b, meta, drafts) and fm_drafts.dtype is _I64 and fm_drafts.ndim == 2
+            and fm_drafts.shape[1] == k and drafts.shape[1] > k >= 0):
+        return False
+    ms = meta[:b].tolist()
+    slots = [e[src] for e in ms]
+    if not _rows_in(slots, fm_drafts.shape[0]):
+        return False
+    pre = fm_drafts[slots]                   # read before any write, as the kernel's gather
+    for i, e in enumerate(ms):
+        if e[NOW] == 0:
+            drafts[i, 1:k + 1] = pre[i]
+    return True
+
+
 @host_twin(K.restore)
 def restore(fm_drafts, meta, drafts, k, b, src=ROW):
+    if b <= _FEW_B and _restore_few(fm_drafts, meta, drafts, k, b, src):
+        return
     m = meta[:b]
     pre = (m[:, NOW] == 0)[:, None]
     drafts[:b, 1:k + 1] = np.where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
@@ -317,8 +334,24 @@ def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
     next_lens[:b] = np.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
 
 
+def _ahead_stash_few(fm_drafts, meta, next_drafts, k, b, dst) -> bool:
+    if not (_ints(b, meta, next_drafts) and fm_drafts.dtype is _I64 and fm_drafts.ndim == 2
+            and fm_drafts.shape[1] == k and next_drafts.shape[1] > k >= 0):
+        return False
+    ms = meta[:b].tolist()
+    slots = [e[dst] for e in ms]
+    if not _rows_in(slots, fm_drafts.shape[0]):
+        return False
+    old, new = fm_drafts[slots], next_drafts[:b, 1:k + 1]   # both read before any write
+    for i, (s, e) in enumerate(zip(slots, ms)):
+        fm_drafts[s] = new[i] if e[AHEAD] == 1 else old[i]    # the last writer wins
+    return True
+
+
 @host_twin(K.ahead_stash)
 def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
+    if b <= _FEW_B and _ahead_stash_few(fm_drafts, meta, next_drafts, k, b, dst):
+        return
     slots, ahead = meta[:b, dst], (meta[:b, AHEAD] == 1)[:, None]
     fm_drafts[slots] = np.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
