@@ -228,10 +228,10 @@ def test_oracle_twin_hashes_of_one_query_match_torch():
             assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
 
 
-@pytest.mark.parametrize("b", [1, 2])
+@pytest.mark.parametrize("b", [1, 2, 3, 5])
 def test_canary_twin_matches_torch(b, monkeypatch):
-    """The canary twin (its one-entry path at ``b == 1``, and that path's clean case:
-    every slot, position and tag as expected) writes the torch kernel's record: tags
+    """The canary twin (entry by entry up to ``_FEW_B`` entries, and that path's clean
+    case: every slot, position and tag as expected; arrays past it) writes the torch kernel's record: tags
     wrong or missing, slots out of the pool or negative, lengths below 0 or past the
     table, a prefix column, another tag order; and raises where the kernel's gathers
     refuse."""
@@ -282,6 +282,7 @@ def test_canary_twin_matches_torch(b, monkeypatch):
     assert checked > 100
     if b == 1:
         assert sum(clean) > 25 and not all(clean)
+    assert (b <= KH._FEW_B) == bool(clean)
 
 
 @pytest.mark.parametrize("b", [1, 2])

@@ -681,8 +681,16 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     tok_c, pos_c, rid_c = tags
     m = meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
-    if b == 1 and table.shape[1] and kv.shape[0] and kv.dtype == np.int64:
-        return _canary_one(kv, table, m[0].tolist(), int(n[0]), out, tags, pfx)
+    if b <= _FEW_B and table.shape[1] and kv.shape[0] and kv.dtype == np.int64 \
+            and m.shape[0] == b and out.shape[0] >= b:
+        ms, ns, rows = m.tolist(), n.tolist(), table.shape[0]
+        for e in ms:            # a row out of the table: the array path reports it
+            if not -rows <= e[ROW] < rows:
+                break
+        else:                   # entry by entry (each record reads its own row only)
+            for i, (e, k) in enumerate(zip(ms, ns)):
+                _canary_one(kv, table, e, k, out, tags, pfx, i)
+            return
     pos, factor, _ = _digest_factors(table.shape[1])
     mask = pos < n[:, None]
     raw = table[m[:, ROW]]
@@ -722,7 +730,7 @@ assert (C.C_LEN, C.C_BAD, C.C_SLOT, C.C_POS, C.C_TOK, C.C_KPOS, C.C_RID, C.C_DIG
     tuple(range(8))     # the record's first columns, in this order
 
 
-def _canary_clean(kv, idx, raw, c, out, tags, n, factor, rid, shared) -> bool:
+def _canary_clean(kv, idx, raw, c, out, tags, n, factor, rid, shared, i=0) -> bool:
     """``_canary_one``'s common case, by columns: every slot in the pool, every position
     and (past the shared prefix) every request tag as expected; then the record is the
     digest, no bad slot and the first position's tags. False (nothing written) in any
@@ -737,13 +745,14 @@ def _canary_clean(kv, idx, raw, c, out, tags, n, factor, rid, shared) -> bool:
         return False
     D = C.DIGEST_M
     digest = sum([t % D * f % D for t, f in zip(toks, factor)]) % D
-    out[0, :C.C_DIGEST + 1] = [n, 0, -1, -1, toks[0], poss[0], rids[0], digest]
+    out[i, :C.C_DIGEST + 1] = [n, 0, -1, -1, toks[0], poss[0], rids[0], digest]
     return True
 
 
-def _canary_one(kv, table, m, n, out, tags, pfx):
-    """``canary`` of a batch of one entry (most batches; ``m``: its meta row as Python
-    ints, ``n``: its read length): its record from the first ``n`` positions of its
+def _canary_one(kv, table, m, n, out, tags, pfx, i=0):
+    """``canary`` of one entry (most batches have one to four; ``m``: its meta row as
+    Python ints, ``n``: its read length, ``i``: its record's row in ``out``; a row in
+    the table, a pool that is not empty): its record from the first ``n`` positions of its
     table row only, where the mask of the general case is all true (past ``n`` nothing
     counts, and a position past it reads slot 0), a position at a time on Python ints
     (int64 KV: every term stays below 2**62, where both agree) after two gathers."""
@@ -755,7 +764,7 @@ def _canary_one(kv, table, m, n, out, tags, pfx):
     factor = _digest_factors(table.shape[1])[2]
     rid, shared = m[RID], (m[pfx] if pfx is not None else 0)
     if c and out.shape[1] > C.C_DIGEST and _canary_clean(kv, idx, raw, c, out, tags, n,
-                                                          factor, rid, shared):
+                                                          factor, rid, shared, i):
         return
     rows = kv[[s if 0 <= s < size else 0 for s in raw]].tolist() if c else []
     digest = nbad = 0
@@ -768,7 +777,7 @@ def _canary_one(kv, table, m, n, out, tags, pfx):
             if first < 0:
                 first = p
         digest += r[tok_c] % C.DIGEST_M * factor[p] % C.DIGEST_M
-    rec = out[0]
+    rec = out[i]
     rec[C.C_LEN] = n
     rec[C.C_DIGEST] = digest % C.DIGEST_M
     if not nbad:
