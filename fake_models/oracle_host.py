@@ -194,16 +194,12 @@ def _factor_list(width: int, shift: int) -> list:
     return hit
 
 
-_ROW_MAX = 48   # past this many positions the array path is the faster (its ops are per row)
-
-
 def row_slots(table, row: int, c: int, size: int):
     """The slots of table row ``row``'s first ``c`` positions as Python ints, or None
     where the row is outside the table or ``c`` outside ``0..width``, or a slot falls
     outside a pool of ``size`` (negative included), or the pool is empty: the array
-    path, which reports or wraps those as torch does, takes these cases; and where
-    ``c`` is past ``_ROW_MAX``, whose running sums cost more than the array path's ops."""
-    if not (0 <= row < table.shape[0] and 0 <= c <= min(table.shape[1], _ROW_MAX) and size):
+    path, which reports or wraps those as torch does, takes these cases."""
+    if not (0 <= row < table.shape[0] and 0 <= c <= table.shape[1] and size):
         return None
     slots = table[row, :c].tolist()
     for s in slots:
@@ -286,7 +282,6 @@ class OracleHost:
     kv_width = KV_WIDTH          # the target's and a standalone draft's KV row
     eagle_width = KV_WIDTH + 1   # the EAGLE head's
     row_slots = staticmethod(row_slots)
-    row_max = _ROW_MAX           # the longest row prefix the Python-int paths take
     hashes = staticmethod(prefix_hashes)
     hidden_one = staticmethod(raw_hash_one)    # ``target_hidden`` of one query, as an int
 

@@ -231,10 +231,10 @@ def test_oracle_twin_hashes_of_one_query_match_torch():
 @pytest.mark.parametrize("b", [1, 2, 3, 5])
 def test_canary_twin_matches_torch(b, monkeypatch):
     """The canary twin (entry by entry up to ``_FEW_B`` entries, and that path's clean
-    case: every slot, position and tag as expected; arrays past it) writes the torch
-    kernel's record: tags wrong or missing, slots out of the pool or negative, lengths
-    below 0 or past the table, a prefix column, another tag order; and raises where the
-    kernel's gathers refuse."""
+    case: every slot, position and tag as expected; arrays past it) writes the torch kernel's record: tags
+    wrong or missing, slots out of the pool or negative, lengths below 0 or past the
+    table, a prefix column, another tag order; and raises where the kernel's gathers
+    refuse."""
     from overlapcheck.engine import canary as C
     from overlapcheck.engine import kernels_host as KH
     from overlapcheck.engine.kernels import N, RID, ROW, START
@@ -529,9 +529,9 @@ def _few_case(name, rng, model):
                              gate, None, K.ROW if rng.random() < 0.5 else K.FSRC)
     acc = rng.integers(1, width + 1, b + 1) if rng.random() < 0.8 else \
         rng.integers(-1, width + 3, b + 1)
-    return DE.eagle_extend, (model, model.head("eagle"), kv, ekv, table, meta, lens,
-                             toks[:, :width], acc, fm_draft, fm_hid, width, b,
-                             bool(rng.random() < 0.2), dst, topk)
+    return DE.eagle_extend, (model, model.head("eagle"), kv, ekv, table, meta, lens, toks[:, :width],
+                             acc, fm_draft, fm_hid, width, b, bool(rng.random() < 0.2), dst,
+                             topk)
 
 
 @pytest.mark.parametrize("name", ["verify", "decode", "eagle_step", "eagle_extend", "mtp_step",

@@ -62,13 +62,6 @@ def _ints(b, *arrays) -> bool:
     return True
 
 
-def _short(hm, lens, b) -> bool:
-    """Whether every entry's length is below the model twin's ``row_max``: a longer row
-    prefix is cheaper through the array path, so the Python-int paths are not tried
-    (their own checks would send it there after some of their work)."""
-    return max(lens[:b].tolist(), default=0) < getattr(hm, "row_max", 0)
-
-
 def _model(model):
     hm = getattr(model, "host", None)
     if hm is None:
@@ -280,7 +273,6 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
     hm = _model(model)
     if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts) \
             and _ints(0, draft_kv, table) and hasattr(hm, "drafts") and drafts.shape[1] > j >= 1 \
-            and _short(hm, lens, b) \
             and _draft_step_few(hm, draft_kv, table, meta, drafts, lens, j, b, gate):
         return
     m = meta[:b]
@@ -397,7 +389,7 @@ def _write_targets(hm, kv, table, ms, ls, toks, width):
 def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     hm = _model(model)
     if b <= _FEW_B and _ints(b, meta, lens, drafts, tgt) and _ints(0, kv, table) \
-            and hasattr(hm, "hashes") and _short(hm, lens, b) \
+            and hasattr(hm, "hashes") \
             and drafts.shape[1] >= width and tgt.shape[1] >= width:
         t = _write_targets(hm, kv, table, meta[:b].tolist(), lens[:b].tolist(),
                            drafts[:b, :width].tolist(), width)
@@ -465,7 +457,7 @@ def _draft_extend_few(hm, draft_kv, table, meta, drafts, lens, out_acc, width, b
 def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
     hm = _model(model)
     if b <= _FEW_B and _ints(b, meta, lens, drafts, out_acc) and _ints(0, draft_kv, table) \
-            and hasattr(hm, "drafts") and _short(hm, lens, b) \
+            and hasattr(hm, "drafts") \
             and _draft_extend_few(hm, draft_kv, table, meta, drafts, lens, out_acc, width, b):
         return
     m = meta[:b]
@@ -508,8 +500,7 @@ def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
 def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     hm = _model(model)
     if b <= _FEW_B and _ints(b, meta, lens, drafts, out_tok, out_acc) and _ints(0, kv, table) \
-            and hasattr(hm, "hashes") and drafts.shape[1] and out_tok.shape[1] \
-            and _short(hm, lens, b):
+            and hasattr(hm, "hashes") and drafts.shape[1] and out_tok.shape[1]:
         t = _write_targets(hm, kv, table, meta[:b].tolist(), lens[:b].tolist(),
                            drafts[:b, :1].tolist(), 1)
         if t is not None:
@@ -603,7 +594,7 @@ def _tree_verify_few(hm, kv, table, meta, drafts, lens, tgt, k, topk, b) -> bool
 def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
     hm = _model(model)
     if b <= _FEW_B and _ints(b, meta, lens, drafts, tgt) and _ints(0, kv, table) \
-            and hasattr(hm, "tree_raws") and _short(hm, lens, b) \
+            and hasattr(hm, "tree_raws") \
             and _tree_verify_few(hm, kv, table, meta, drafts, lens, tgt, k, topk, b):
         return
     m = meta[:b]
@@ -1072,7 +1063,7 @@ def _eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, b, gate) -> bool
 def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
     hm = _model(model)
     if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts, hid) \
-            and _ints(0, ekv, table) and hasattr(hm, "eagle_out_rows") and _short(hm, lens, b) \
+            and _ints(0, ekv, table) and hasattr(hm, "eagle_out_rows") \
             and drafts.shape[1] > j >= 1 and hid.ndim == 2 and hid.shape[1] \
             and _eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j, b, gate):
         return
@@ -1129,8 +1120,7 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
     hm = _model(model)
     if b <= _FEW_B and _ints(b, meta, lens, out_tok, out_acc) \
             and _ints(0, kv, ekv, table, fm_draft, fm_hid) and hasattr(hm, "tree_head") \
-            and _short(hm, lens, b) and out_tok.shape[1] >= width \
-            and _fm_draft_ok(fm_draft, topk) and fm_hid.ndim == 2 \
+            and out_tok.shape[1] >= width and _fm_draft_ok(fm_draft, topk) and fm_hid.ndim == 2 \
             and _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft,
                                   fm_hid, width, b, by_position, dst, topk):
         return
@@ -1185,7 +1175,6 @@ def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b
     hm = _model(model)
     if b <= _FEW_B and hcol is None and topk > 1 and _ints(b, meta, lens, drafts, hid) \
             and _ints(0, ekv, table) and hasattr(hm, "tree_head") and hid.ndim == 2 \
-            and _short(hm, lens, b) \
             and hid.shape[1] and _tree_eagle_step_few(hm, ekv, table, meta, drafts, lens, hid, j,
                                                       topk, b):
         return
@@ -1255,7 +1244,7 @@ def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, froz
              gate=None, hcol=None, src=ROW):
     hm = _model(model)
     if b <= _FEW_B and hcol is None and _ints(b, meta, lens, drafts, hid) \
-            and _ints(0, kv, table, fm_hid) and hasattr(hm, "mtp_rows") and _short(hm, lens, b) \
+            and _ints(0, kv, table, fm_hid) and hasattr(hm, "mtp_rows") \
             and drafts.shape[1] > j >= 1 and hid.ndim == 2 and hid.shape[1] \
             and fm_hid.ndim == 2 and fm_hid.shape[1] and kv.shape[1] == hm.kv_width \
             and _mtp_step_few(hm, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen,
