@@ -425,6 +425,31 @@ class OracleHost:
         return np.array(self.heads(g.tolist(), seen.tolist(), p.tolist(), seeds.tolist(),
                                    seeded.tolist()), dtype=np.int64)
 
+    def _head_chain(self, x: int, e: int, q: int, s: int, sd: bool):
+        """One query's head chain on Python ints (``x``: g, ``e``: seen, both in [0, M);
+        ``q``: p): the sampled token ``like = sample(mix(g, p), s, p, sd)`` and
+        ``u = mix(seen, g, s, p)``, which ``heads`` and ``tree_head`` agree on."""
+        V = self.vocab
+        pm = (q % M) * 69621 + 12345
+        sm = (s % M) * 69621 + 12345
+        t = (x * 48271 + pm) % M
+        h = t ^ (t >> 11)
+        t = (h * 48271 + _C1) % M
+        like = (t ^ (t >> 11)) % V
+        if sd:
+            t = (h * 48271 + sm) % M
+            u = t ^ (t >> 11)
+            t = (u * 48271 + pm) % M
+            u = t ^ (t >> 11)
+            if u % 100 < SEEDED_PERCENT:
+                like = (u >> 7) % V
+        t = (e * 48271 + (x % M) * 69621 + 12345) % M
+        u = t ^ (t >> 11)
+        t = (u * 48271 + sm) % M
+        u = t ^ (t >> 11)
+        t = (u * 48271 + pm) % M
+        return like, t ^ (t >> 11)
+
     def heads(self, gs, seens, ps, ss, sds) -> list:
         """``_head_tokens`` per query on Python ints (every ``g``, ``seen`` in [0, M))."""
         V, A, out = self.vocab, self.agreement, []
@@ -432,25 +457,7 @@ class OracleHost:
         if ca is None:
             ca = _MIX[self.salt + 11] = ((self.salt + 11) % M) * 69621 + 12345
         for x, e, q, s, sd in zip(gs, seens, ps, ss, sds):
-            pm = (q % M) * 69621 + 12345
-            sm = (s % M) * 69621 + 12345
-            t = (x * 48271 + pm) % M
-            h = t ^ (t >> 11)
-            t = (h * 48271 + _C1) % M
-            like = (t ^ (t >> 11)) % V
-            if sd:
-                t = (h * 48271 + sm) % M
-                u = t ^ (t >> 11)
-                t = (u * 48271 + pm) % M
-                u = t ^ (t >> 11)
-                if u % 100 < SEEDED_PERCENT:
-                    like = (u >> 7) % V
-            t = (e * 48271 + (x % M) * 69621 + 12345) % M
-            u = t ^ (t >> 11)
-            t = (u * 48271 + sm) % M
-            u = t ^ (t >> 11)
-            t = (u * 48271 + pm) % M
-            u = t ^ (t >> 11)
+            like, u = self._head_chain(x, e, q, s, sd)
             t = (u * 48271 + ca) % M
             if (t ^ (t >> 11)) % 100 >= A:
                 t = (u * 48271 + _C3) % M
@@ -509,25 +516,7 @@ class OracleHost:
         of one query on Python ints (``x``: g, ``e``: seen, both in [0, M); ``q``: p),
         as ``heads`` for a chain: the ``topk`` candidates of ``ranked``."""
         V, A = self.vocab, self.agreement
-        pm = (q % M) * 69621 + 12345
-        sm = (s % M) * 69621 + 12345
-        t = (x * 48271 + pm) % M
-        h = t ^ (t >> 11)
-        t = (h * 48271 + _C1) % M
-        like = (t ^ (t >> 11)) % V
-        if sd:
-            t = (h * 48271 + sm) % M
-            u = t ^ (t >> 11)
-            t = (u * 48271 + pm) % M
-            u = t ^ (t >> 11)
-            if u % 100 < SEEDED_PERCENT:
-                like = (u >> 7) % V
-        t = (e * 48271 + (x % M) * 69621 + 12345) % M
-        u = t ^ (t >> 11)
-        t = (u * 48271 + sm) % M
-        u = t ^ (t >> 11)
-        t = (u * 48271 + pm) % M
-        u = t ^ (t >> 11)
+        like, u = self._head_chain(x, e, q, s, sd)
         agrees = []
         for r in range(topk):
             y = self.salt + 11 + RANK_SALT * r

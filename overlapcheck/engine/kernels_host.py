@@ -283,14 +283,23 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
     drafts[:b, j] = _round_tokens(hm, m, lens[:b], d, drafts[:b, j], gate, hcol)
 
 
-def _restore_few(fm_drafts, meta, drafts, k, b, src) -> bool:
+def _fm_entries(fm_drafts, meta, drafts, k, b, col):
+    """A few-entry restore's or stash's meta rows and FutureMap slots (meta column
+    ``col``), or None where its path does not apply (an unusual shape or dtype, a slot
+    out of range: the array path then runs, or the kernel)."""
     if not (_ints(b, meta, drafts) and fm_drafts.dtype is _I64 and fm_drafts.ndim == 2
             and fm_drafts.shape[1] == k and drafts.shape[1] > k >= 0):
-        return False
+        return None
     ms = meta[:b].tolist()
-    slots = [e[src] for e in ms]
-    if not _rows_in(slots, fm_drafts.shape[0]):
+    slots = [e[col] for e in ms]
+    return (ms, slots) if _rows_in(slots, fm_drafts.shape[0]) else None
+
+
+def _restore_few(fm_drafts, meta, drafts, k, b, src) -> bool:
+    got = _fm_entries(fm_drafts, meta, drafts, k, b, src)
+    if got is None:
         return False
+    ms, slots = got
     pre = fm_drafts[slots]                   # read before any write, as the kernel's gather
     for i, e in enumerate(ms):
         if e[NOW] == 0:
@@ -335,13 +344,10 @@ def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
 
 
 def _ahead_stash_few(fm_drafts, meta, next_drafts, k, b, dst) -> bool:
-    if not (_ints(b, meta, next_drafts) and fm_drafts.dtype is _I64 and fm_drafts.ndim == 2
-            and fm_drafts.shape[1] == k and next_drafts.shape[1] > k >= 0):
+    got = _fm_entries(fm_drafts, meta, next_drafts, k, b, dst)
+    if got is None:
         return False
-    ms = meta[:b].tolist()
-    slots = [e[dst] for e in ms]
-    if not _rows_in(slots, fm_drafts.shape[0]):
-        return False
+    ms, slots = got
     old, new = fm_drafts[slots], next_drafts[:b, 1:k + 1]   # both read before any write
     for i, (s, e) in enumerate(zip(slots, ms)):
         fm_drafts[s] = new[i] if e[AHEAD] == 1 else old[i]    # the last writer wins
