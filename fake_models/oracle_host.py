@@ -340,20 +340,16 @@ class OracleHost:
     def target(self, kv, table, rows, ctx_lens, seeds, seeded):
         raw = raw_hash(kv, table, rows, ctx_lens)
         if _tiny(raw.shape[0], ctx_lens, seeds, seeded):
-            return np.array(self._targets(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
+            return np.array(self.targets(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
                                           seeded.tolist()), dtype=np.int64)
         return self.sample(mix(raw, ctx_lens), seeds, ctx_lens, seeded)
 
     def target_one(self, kv, table, row: int, ctx: int, seed: int, seeded: bool) -> int:
         """``target`` of one query on ints (``ctx``, ``seed``: int64 values, as the
         query's arrays hold them; a pool that is not empty)."""
-        return self._targets([raw_hash_one(kv, table, row, ctx)], [ctx], [seed], [seeded])[0]
+        return self.targets([raw_hash_one(kv, table, row, ctx)], [ctx], [seed], [seeded])[0]
 
     def targets(self, raws, cs, ss, sds) -> list:
-        """``target``'s tokens from per-query raw hashes on Python ints (``_targets``)."""
-        return self._targets(raws, cs, ss, sds)
-
-    def _targets(self, raws, cs, ss, sds) -> list:
         """``sample(mix(raw, c), s, c, sd)`` per query, on Python ints."""
         V, out = self.vocab, []
         for r, c, s, sd in zip(raws, cs, ss, sds):
@@ -388,10 +384,6 @@ class OracleHost:
         return [(base + a) % M for a in acc]
 
     def drafts(self, raws, cs, ss, sds) -> list:
-        """``draft``'s chain tokens from per-query raw hashes on Python ints."""
-        return self._drafts(raws, cs, ss, sds)
-
-    def _drafts(self, raws, cs, ss, sds) -> list:
         """``draft``'s chain tokens per query, on Python ints (see ``draft``)."""
         V, A, out = self.vocab, self.agreement, []
         ca = _MIX.get(self.salt + 7)
@@ -469,7 +461,7 @@ class OracleHost:
         if topk == 1:
             raw = raw_hash(draft_kv, table, rows, ctx_lens)
             if _tiny(raw.shape[0], ctx_lens, seeds, seeded):
-                return np.array(self._drafts(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
+                return np.array(self.drafts(raw.tolist(), ctx_lens.tolist(), seeds.tolist(),
                                              seeded.tolist()), dtype=np.int64)
             h = mix(raw, ctx_lens)
         else:
