@@ -31,22 +31,50 @@ import triton.language as tl
 
 from .ops import rope_tables  # noqa: F401  (the same on both paths)
 
-BM, BK = 16, 64                  # one linear tile for every M: the invariance
-
-
-def _bn(dout: int) -> int:
-    """Output columns per program: a property of the weight, never of the batch
-    (narrow outputs take narrower tiles, so that enough programs stream the weight)."""
-    return 32 if dout <= 4096 else 64
+BM = 16                          # rows per program, for every M
 BW = 32                          # attention positions per block
 
 
-class Bf16Weight:
-    """A ``[din, dout]`` weight in bf16, contiguous, as ``linear`` takes it."""
+class Tile:
+    """How ``linear`` and ``gated`` stream one weight: output columns (``bn``) and
+    inputs (``bk``) per block product, warps and pipeline stages per program, and the
+    weight's layout (``kmajor``: stored ``[dout, din]``, each output column's inputs
+    contiguous, as ``nn.Linear`` keeps it). A property of the weight alone, never of the
+    batch: a row's outputs are the same block products, in the same order, whatever
+    rows share its launch (the invariance)."""
 
-    def __init__(self, w: torch.Tensor):
-        self.w = w.to(torch.bfloat16).contiguous()
+    __slots__ = ("bn", "bk", "warps", "stages", "kmajor")
+
+    def __init__(self, bn: int, bk: int, warps: int = 4, stages: int = 3,
+                 kmajor: bool = False):
+        self.bn, self.bk, self.warps, self.stages, self.kmajor = bn, bk, warps, stages, kmajor
+
+    def __repr__(self) -> str:
+        return (f"Tile(bn={self.bn}, bk={self.bk}, warps={self.warps}, stages={self.stages}, "
+                f"kmajor={self.kmajor})")
+
+
+def tile_for(din: int, dout: int) -> Tile:
+    """The tile of a ``[din, dout]`` weight (narrow outputs take narrower tiles, so that
+    enough programs stream the weight)."""
+    return Tile(32 if dout <= 4096 else 64, 64)
+
+
+class Bf16Weight:
+    """A ``[din, dout]`` weight in bf16, contiguous in its tile's layout, as ``linear``
+    takes it; ``dense`` is its ``[din, dout]`` view."""
+
+    def __init__(self, w: torch.Tensor, tile: "Tile | None" = None):
         self.shape = tuple(w.shape)
+        self.tile = tile or tile_for(*self.shape)
+        w = w.to(torch.bfloat16)
+        self.w = w.t().contiguous() if self.tile.kmajor else w.contiguous()
+        # element strides of the input (k) and output (n) dimensions
+        self.sk, self.sn = (1, self.shape[0]) if self.tile.kmajor else (self.shape[1], 1)
+
+    @property
+    def dense(self) -> torch.Tensor:
+        return self.w.t() if self.tile.kmajor else self.w
 
 
 def prepare(w):
@@ -69,7 +97,7 @@ def _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit
-def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM: tl.constexpr,
+def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``x[rm] @ w[:, rn]``: bf16 block products accumulated in fp32, K in fixed order;
     with ``NORM``, ``x``'s rows RMS-normed first (``inv`` per row, weight ``n_ptr``)."""
@@ -81,14 +109,14 @@ def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM: tl.constexpr,
                     mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         if NORM:
             a = a * inv[:, None] * tl.load(n_ptr + kk, mask=kk < K, other=0.0)[None, :]
-        b = tl.load(w_ptr + kk[:, None] * sw + rn[None, :],
+        b = tl.load(w_ptr + kk[:, None] * sk + rn[None, :] * sn,
                     mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(a.to(b.dtype), b, acc)
     return acc
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy, eps,
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
                    HAS_B: tl.constexpr, HAS_R: tl.constexpr, NORM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -96,7 +124,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
-    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
               BLOCK_K)
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_B:
@@ -107,7 +135,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy, eps,
+def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
                   NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,9 +143,9 @@ def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sw, sy, eps,
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
-    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
               BLOCK_K)
-    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sw, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
+    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
               BLOCK_K)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(y_ptr + rm[:, None] * sy + rn[None, :], y,
@@ -142,13 +170,14 @@ def linear(x: torch.Tensor, w, b=None, residual=None, norm=None, eps: float = 0.
         r = None if residual is None else _rows(residual, dout)
         bias = None if b is None else b.float().contiguous()
         nw = None if norm is None else norm.float().contiguous()
-        bn = _bn(dout)
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
+        t = w.tile
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, t.bn))
         _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r,
                              y if nw is None else nw, y, m, dout, din, flat.stride(0),
-                             w.w.stride(0), y.stride(0), float(eps),
+                             w.sk, w.sn, y.stride(0), float(eps),
                              HAS_B=bias is not None, HAS_R=r is not None, NORM=nw is not None,
-                             BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
+                             BLOCK_M=BM, BLOCK_N=t.bn, BLOCK_K=t.bk, num_warps=t.warps,
+                             num_stages=t.stages)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -161,11 +190,14 @@ def gated(x: torch.Tensor, wg, wu, norm=None, eps: float = 0.0) -> torch.Tensor:
     y = torch.empty((m, dout), dtype=torch.float32, device=x.device)
     if m:
         nw = None if norm is None else norm.float().contiguous()
-        bn = _bn(dout)
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, bn))
+        t = wg.tile
+        if (wu.tile.kmajor, wu.sk, wu.sn) != (t.kmajor, wg.sk, wg.sn):
+            raise ValueError("gated: the two weights are laid out differently")
+        grid = (triton.cdiv(m, BM), triton.cdiv(dout, t.bn))
         _gated_kernel[grid](flat, wg.w, wu.w, y if nw is None else nw, y, m, dout, din,
-                            flat.stride(0), wg.w.stride(0), y.stride(0), float(eps),
-                            NORM=nw is not None, BLOCK_M=BM, BLOCK_N=bn, BLOCK_K=BK)
+                            flat.stride(0), wg.sk, wg.sn, y.stride(0), float(eps),
+                            NORM=nw is not None, BLOCK_M=BM, BLOCK_N=t.bn, BLOCK_K=t.bk,
+                            num_warps=t.warps, num_stages=t.stages)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -266,9 +298,9 @@ def layer_weights(L: dict) -> dict:
     ``bqkv``, and ``qkn``, the Q and K head norms: one matmul and one norm-and-RoPE
     kernel make a token's query and KV row)."""
     L = dict(L)
-    L["wkv"] = Bf16Weight(torch.cat([L["wk"].w, L["wv"].w], 1))
+    L["wkv"] = Bf16Weight(torch.cat([L["wk"].dense, L["wv"].dense], 1))
     L["bkv"] = None if L.get("bk") is None else torch.cat([L["bk"], L["bv"]]).float()
-    L["wqkv"] = Bf16Weight(torch.cat([L["wq"].w, L["wk"].w, L["wv"].w], 1))
+    L["wqkv"] = Bf16Weight(torch.cat([L["wq"].dense, L["wk"].dense, L["wv"].dense], 1))
     biases = [(L.get(n), L[w].shape[1]) for n, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"))]
     L["bqkv"] = (None if all(b is None for b, _ in biases) else
                  torch.cat([L["wq"].w.new_zeros(n, dtype=torch.float32) if b is None
