@@ -43,23 +43,24 @@ def shapes(name: str):
 
 
 def parse_tiles(text: str):
-    """``kn|km:bn:bk:warps:stages`` items, comma separated; a field may be ``a/b/c``."""
-    from fake_models.hf.triton_ops import Tile
+    """``kn|km:bn:bk:warps:stages`` items, comma separated, a field may list values
+    ``a/b/c``: (bn, bk, warps, stages, kmajor) per tile. ValueError names a bad item."""
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
         if len(parts) != 5:
-            raise SystemExit(f"gpu_linear.py: error: tile '{item}' is not layout:bn:bk:warps:stages")
+            raise ValueError(f"tile '{item}' is not layout:bn:bk:warps:stages")
         try:
-            layouts = parts[0].split("/")
             nums = [[int(v) for v in p.split("/")] for p in parts[1:]]
         except ValueError:
-            raise SystemExit(f"gpu_linear.py: error: tile '{item}' has a non-integer field")
-        for lay in layouts:
+            raise ValueError(f"tile '{item}' has a non-integer field") from None
+        if any(v <= 0 for vs in nums for v in vs):
+            raise ValueError(f"tile '{item}' has a field below 1")
+        for lay in parts[0].split("/"):
             if lay not in ("kn", "km"):
-                raise SystemExit(f"gpu_linear.py: error: layout '{lay}' is not kn or km")
+                raise ValueError(f"tile '{item}': layout '{lay}' is not kn or km")
             for bn, bk, w, s in itertools.product(*nums):
-                out.append(Tile(bn, bk, w, s, kmajor=lay == "km"))
+                out.append((bn, bk, w, s, lay == "km"))
     return out
 
 
@@ -134,14 +135,20 @@ def main() -> None:
         rows = [int(v) for v in args.rows.split(",")]
     except ValueError:
         ap.error(f"--rows: '{args.rows}' is not a list of integers")
+    if min(rows) < 1:
+        ap.error(f"--rows: '{args.rows}' has a value below 1")
     models = args.models.split(",")
     for m in models:
         if m not in SIZES:
             ap.error(f"--models: unknown size '{m}' (known: {', '.join(sorted(SIZES))})")
+    try:
+        tiles = parse_tiles(args.tiles) if args.sweep else []
+    except ValueError as e:
+        ap.error(f"--tiles: {e}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     from fake_models.hf import triton_ops as T
-    tiles = parse_tiles(args.tiles) if args.sweep else []
+    tiles = [T.Tile(bn, bk, w, s, kmajor=km) for bn, bk, w, s, km in tiles]
     card = torch.cuda.get_device_name()
     peak = args.peak_gbs or (4800.0 if "H200" in card else 3350.0 if "H100" in card else 0.0)
     print(f"card: {card}; peak {peak:.0f} GB/s" if peak else f"card: {card}")
