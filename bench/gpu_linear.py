@@ -8,8 +8,8 @@ far a step's GPU time is from a real engine's.
     python bench/gpu_linear.py                                   # the tiles in use
     python bench/gpu_linear.py --sweep --json bench-out/linear.json
 
-``--sweep`` times every tile of ``--tiles`` (layout, output columns, inputs per block,
-warps, stages) per shape and prints the fastest beside the one in use, and checks that
+``--sweep`` times every tile of ``--tiles`` (layout, rows, output columns, inputs per
+block, warps, stages) per shape and prints the fastest beside the one in use, and checks that
 the fastest keeps a row's outputs bitwise the same alone and in a batch. Calls are timed
 from a CUDA graph of back-to-back calls over enough copies of the weight that none is
 read from L2.
@@ -43,13 +43,14 @@ def shapes(name: str):
 
 
 def parse_tiles(text: str):
-    """``kn|km:bn:bk:warps:stages`` items, comma separated, a field may list values
-    ``a/b/c``: (bn, bk, warps, stages, kmajor) per tile. ValueError names a bad item."""
+    """``kn|km:bm:bn:bk:warps:stages`` items, comma separated, a field may list values
+    ``a/b/c``: (bn, bk, warps, stages, kmajor, bm) per tile. ValueError names a bad
+    item."""
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 5:
-            raise ValueError(f"tile '{item}' is not layout:bn:bk:warps:stages")
+        if len(parts) != 6:
+            raise ValueError(f"tile '{item}' is not layout:bm:bn:bk:warps:stages")
         try:
             nums = [[int(v) for v in p.split("/")] for p in parts[1:]]
         except ValueError:
@@ -59,8 +60,8 @@ def parse_tiles(text: str):
         for lay in parts[0].split("/"):
             if lay not in ("kn", "km"):
                 raise ValueError(f"tile '{item}': layout '{lay}' is not kn or km")
-            for bn, bk, w, s in itertools.product(*nums):
-                out.append((bn, bk, w, s, lay == "km"))
+            for bm, bn, bk, w, s in itertools.product(*nums):
+                out.append((bn, bk, w, s, lay == "km", bm))
     return out
 
 
@@ -124,9 +125,9 @@ def main() -> None:
     ap.add_argument("--models", default="llama-1b,qwen3-0.6b")
     ap.add_argument("--rows", default="1,4,32,128", help="M values (batch rows per call)")
     ap.add_argument("--sweep", action="store_true", help="time every tile of --tiles too")
-    ap.add_argument("--tiles", default="kn/km:16/32/64:64/128/256:4:3/4",
-                    help="tiles the sweep tries: layout:bn:bk:warps:stages, a field may "
-                         "list values a/b/c (layout kn: [din, dout]; km: [dout, din])")
+    ap.add_argument("--tiles", default="kn/km:16:16/32/64:64/128/256:4:3/4",
+                    help="tiles the sweep tries: layout:bm:bn:bk:warps:stages, a field "
+                         "may list values a/b/c (layout kn: [din, dout]; km: [dout, din])")
     ap.add_argument("--peak-gbs", type=float, default=0.0,
                     help="the card's memory bandwidth, GB/s (default: from its name)")
     ap.add_argument("--json", help="also write the figures here")
@@ -148,7 +149,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     from fake_models.hf import triton_ops as T
-    tiles = [T.Tile(bn, bk, w, s, kmajor=km) for bn, bk, w, s, km in tiles]
+    tiles = [T.Tile(bn, bk, w, s, kmajor=km, bm=bm) for bn, bk, w, s, km, bm in tiles]
     card = torch.cuda.get_device_name()
     peak = args.peak_gbs or (4800.0 if "H200" in card else 3350.0 if "H100" in card else 0.0)
     print(f"card: {card}; peak {peak:.0f} GB/s" if peak else f"card: {card}")

@@ -12,22 +12,23 @@ import gpu_linear  # noqa: E402
 
 
 def test_tiles_expand_every_listed_value():
-    tiles = gpu_linear.parse_tiles("kn/km:16/64:128:4:3, km:32:256:8:4")
-    assert tiles == [(16, 128, 4, 3, False), (64, 128, 4, 3, False),
-                     (16, 128, 4, 3, True), (64, 128, 4, 3, True), (32, 256, 8, 4, True)]
+    tiles = gpu_linear.parse_tiles("kn/km:16:16/64:128:4:3, km:64:32:256:8:4")
+    assert tiles == [(16, 128, 4, 3, False, 16), (64, 128, 4, 3, False, 16),
+                     (16, 128, 4, 3, True, 16), (64, 128, 4, 3, True, 16),
+                     (32, 256, 8, 4, True, 64)]
 
 
-@pytest.mark.parametrize("text,what", [("kn:16:64:4", "is not layout"),
-                                       ("kn:16:x:4:3", "non-integer"),
-                                       ("nk:16:64:4:3", "layout 'nk'"),
-                                       ("km:0:64:4:3", "below 1")])
+@pytest.mark.parametrize("text,what", [("kn:16:16:64:4", "is not layout"),
+                                       ("kn:16:16:x:4:3", "non-integer"),
+                                       ("nk:16:16:64:4:3", "layout 'nk'"),
+                                       ("km:16:0:64:4:3", "below 1")])
 def test_bad_tiles_are_named(text, what):
     with pytest.raises(ValueError, match=what):
         gpu_linear.parse_tiles(text)
 
 
 def test_cli_rejects_bad_input_with_exit_2_before_touching_a_device():
-    for args, what in ((["--sweep", "--tiles", "kn:16:64"], "--tiles"),
+    for args, what in ((["--sweep", "--tiles", "kn:16:16:64"], "--tiles"),
                        (["--rows", "1,0"], "--rows"), (["--models", "gpt-9"], "--models")):
         p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_linear.py"), *args],
                            capture_output=True, text=True)

@@ -39,17 +39,18 @@ def test_linear_is_batch_invariant_and_close(T, din, dout):
 
 
 @pytest.mark.parametrize("kmajor", [False, True])
-@pytest.mark.parametrize("bn,bk", [(32, 64), (64, 256)])
-def test_every_tile_layout_is_batch_invariant(T, kmajor, bn, bk):
-    """A tile ``bench/gpu_linear.py --sweep`` may pick: either weight layout, with a
+@pytest.mark.parametrize("bm,bn,bk", [(16, 32, 64), (16, 64, 256), (64, 64, 128)])
+def test_every_tile_layout_is_batch_invariant(T, kmajor, bm, bn, bk):
+    """A tile ``bench/gpu_linear.py --sweep`` may pick: either weight layout, 16 or 64
+    rows per program, with a
     residual, a bias and the folded norm, and the gated pair, rows alone equal rows in
     a batch and both layouts compute the same products."""
-    g = torch.Generator().manual_seed(bn * bk + kmajor)
+    g = torch.Generator().manual_seed(bm + bn * bk + kmajor)
     din, dout = 320, 200
     w, wu = ((torch.randn(din, dout, generator=g) * din ** -0.5).cuda() for _ in range(2))
     b, n = torch.randn(dout, generator=g).cuda(), (torch.rand(din, generator=g) + 0.5).cuda()
     x, r = torch.randn(21, din, generator=g).cuda(), torch.randn(21, dout, generator=g).cuda()
-    tile = T.Tile(bn, bk, kmajor=kmajor)
+    tile = T.Tile(bn, bk, kmajor=kmajor, bm=bm)
     W, U = T.Bf16Weight(w, tile), T.Bf16Weight(wu, tile)
     assert torch.equal(W.dense.float(), w.to(torch.bfloat16).float())
     calls = (lambda t, rr: T.linear(t, W, b, residual=rr, norm=n, eps=1e-6),
@@ -59,7 +60,7 @@ def test_every_tile_layout_is_batch_invariant(T, kmajor, bn, bk):
         for k in (1, 5, 16):
             assert torch.equal(torch.cat([f(x[i:i + k], r[i:i + k])
                                           for i in range(0, 21, k)]), y), k
-    other = T.Bf16Weight(w, T.Tile(bn, bk, kmajor=not kmajor))
+    other = T.Bf16Weight(w, T.Tile(bn, bk, kmajor=not kmajor, bm=bm))
     assert torch.allclose(T.linear(x, other), T.linear(x, W), rtol=0, atol=1e-5)
 
 

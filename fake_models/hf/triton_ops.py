@@ -31,27 +31,27 @@ import triton.language as tl
 
 from .ops import rope_tables  # noqa: F401  (the same on both paths)
 
-BM = 16                          # rows per program, for every M
 BW = 32                          # attention positions per block
 
 
 class Tile:
-    """How ``linear`` and ``gated`` stream one weight: output columns (``bn``) and
-    inputs (``bk``) per block product, warps and pipeline stages per program, and the
-    weight's layout (``kmajor``: stored ``[dout, din]``, each output column's inputs
-    contiguous, as ``nn.Linear`` keeps it). A property of the weight alone, never of the
-    batch: a row's outputs are the same block products, in the same order, whatever
-    rows share its launch (the invariance)."""
+    """How ``linear`` and ``gated`` stream one weight: rows (``bm``), output columns
+    (``bn``) and inputs (``bk``) per block product, warps and pipeline stages per
+    program, and the weight's layout (``kmajor``: stored ``[dout, din]``, each output
+    column's inputs contiguous, as ``nn.Linear`` keeps it). A property of the weight
+    alone, never of the batch: a row's outputs are the same block products, in the same
+    order, whatever rows share its launch (the invariance)."""
 
-    __slots__ = ("bn", "bk", "warps", "stages", "kmajor")
+    __slots__ = ("bn", "bk", "warps", "stages", "kmajor", "bm")
 
     def __init__(self, bn: int, bk: int, warps: int = 4, stages: int = 3,
-                 kmajor: bool = False):
+                 kmajor: bool = False, bm: int = 16):
         self.bn, self.bk, self.warps, self.stages, self.kmajor = bn, bk, warps, stages, kmajor
+        self.bm = bm
 
     def __repr__(self) -> str:
-        return (f"Tile(bn={self.bn}, bk={self.bk}, warps={self.warps}, stages={self.stages}, "
-                f"kmajor={self.kmajor})")
+        return (f"Tile(bm={self.bm}, bn={self.bn}, bk={self.bk}, warps={self.warps}, "
+                f"stages={self.stages}, kmajor={self.kmajor})")
 
 
 def tile_for(din: int, dout: int) -> Tile:
@@ -176,12 +176,12 @@ def linear(x: torch.Tensor, w, b=None, residual=None, norm=None, eps: float = 0.
         bias = None if b is None else b.float().contiguous()
         nw = None if norm is None else norm.float().contiguous()
         t = w.tile
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, t.bn))
+        grid = (triton.cdiv(m, t.bm), triton.cdiv(dout, t.bn))
         _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r,
                              y if nw is None else nw, y, m, dout, din, flat.stride(0),
                              w.sk, w.sn, y.stride(0), float(eps),
                              HAS_B=bias is not None, HAS_R=r is not None, NORM=nw is not None,
-                             BLOCK_M=BM, BLOCK_N=t.bn, BLOCK_K=t.bk, num_warps=t.warps,
+                             BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=t.bk, num_warps=t.warps,
                              num_stages=t.stages)
     return y.reshape(*x.shape[:-1], dout)
 
@@ -198,10 +198,10 @@ def gated(x: torch.Tensor, wg, wu, norm=None, eps: float = 0.0) -> torch.Tensor:
         t = wg.tile
         if (wu.tile.kmajor, wu.sk, wu.sn) != (t.kmajor, wg.sk, wg.sn):
             raise ValueError("gated: the two weights are laid out differently")
-        grid = (triton.cdiv(m, BM), triton.cdiv(dout, t.bn))
+        grid = (triton.cdiv(m, t.bm), triton.cdiv(dout, t.bn))
         _gated_kernel[grid](flat, wg.w, wu.w, y if nw is None else nw, y, m, dout, din,
                             flat.stride(0), wg.sk, wg.sn, y.stride(0), float(eps),
-                            NORM=nw is not None, BLOCK_M=BM, BLOCK_N=t.bn, BLOCK_K=t.bk,
+                            NORM=nw is not None, BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=t.bk,
                             num_warps=t.warps, num_stages=t.stages)
     return y.reshape(*x.shape[:-1], dout)
 
