@@ -174,6 +174,25 @@ def test_sampling_tail_in_one_kernel_equals_the_exact_paths(T):
                            O.sample(logits, seeds, pos, on, vocab, 30, 2147483647)), (n, vocab)
 
 
+def test_greedy_token_is_argmax_first_column_in_any_shape(T):
+    """The two-kernel greedy token is ``argmax``'s: the first column of the row's largest
+    logit (many ties here, across and within the argmax's blocks), for logits of any
+    leading shape, rows alone as in a batch."""
+    g = torch.Generator().manual_seed(17)
+    for shape, vocab in (((1,), 70), ((5, 3), 4096), ((2, 4), 4097), ((37,), 151936)):
+        logits = torch.randint(0, 3, (*shape, vocab), generator=g).float().cuda()
+        zero = torch.zeros(shape, dtype=torch.int64, device="cuda")
+        off = torch.zeros(shape, dtype=torch.bool, device="cuda")
+        got = T.sample(logits, zero, zero, off, vocab, 30, 2147483647)
+        assert got.shape == shape
+        assert torch.equal(got, logits.argmax(-1)), (shape, vocab)
+        flat = logits.reshape(-1, vocab)
+        alone = torch.cat([T.sample(flat[i:i + 1], zero.reshape(-1)[:1], zero.reshape(-1)[:1],
+                                    off.reshape(-1)[:1], vocab, 30, 2147483647)
+                           for i in range(flat.shape[0])])
+        assert torch.equal(alone, got.reshape(-1))
+
+
 @pytest.mark.parametrize("name", ["random:tiny-qwen3", "trained", "random:llama-1b"])
 def test_model_logits_of_a_request_alone_equal_its_logits_in_a_batch(name):
     """Eight requests of different lengths written and read in one batch give the same

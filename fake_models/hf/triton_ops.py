@@ -380,14 +380,41 @@ def kv_rows(x, L: dict, n_kv: int, head_dim: int, eps: float, pos, cos, sin):
     return y
 
 
+ARGMAX_BLOCK = 4096              # logits per argmax program (a row's blocks, in order)
+
+
 @triton.jit(do_not_specialize=["n"])
-def _sample_kernel(g_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab, M: tl.constexpr,
-                   PERCENT: tl.constexpr, BLOCK: tl.constexpr):
-    """``ops.sample``'s integer tail for ``BLOCK`` rows: the seeded token, a pure
-    function of (seed, position, greedy token), where ``seeded`` says so."""
+def _argmax_parts_kernel(x_ptr, val_ptr, idx_ptr, n, vocab, sx, NB,
+                         BLOCK: tl.constexpr):
+    """Per (row, block of ``BLOCK`` logits): the block's largest logit and the first
+    column holding it."""
+    r = tl.program_id(0)
+    b = tl.program_id(1)
+    cols = b * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + r.to(tl.int64) * sx + cols, mask=cols < vocab, other=float("-inf"))
+    m, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(val_ptr + r * NB + b, m)
+    tl.store(idx_ptr + r * NB + b, b * BLOCK + i)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _sample_kernel(val_ptr, idx_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab, NB,
+                   M: tl.constexpr, PERCENT: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_B: tl.constexpr):
+    """``ops.sample`` for ``BLOCK`` rows from their blocks' maxima: the greedy token (the
+    first column of the row's largest logit, as ``argmax``), then the integer tail: the
+    seeded token, a pure function of (seed, position, greedy token), where ``seeded``
+    says so."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    g = tl.load(g_ptr + i, mask=ok, other=0)
+    bb = tl.arange(0, BLOCK_B)
+    at = i[:, None] * NB + bb[None, :]
+    part = ok[:, None] & (bb[None, :] < NB)
+    v = tl.load(val_ptr + at, mask=part, other=float("-inf"))
+    c = tl.load(idx_ptr + at, mask=part, other=0)
+    top = tl.max(v, axis=1)
+    g = tl.min(tl.where(part & (v == top[:, None]), c, vocab), axis=1)
+    g = tl.where(g < vocab, g, 0)          # no block equals the top: a NaN row
     x = tl.load(seed_ptr + i, mask=ok, other=0) % M
     x = tl.where(x < 0, x + M, x)          # torch's % is a floor modulo, Triton's truncates
     y = tl.load(pos_ptr + i, mask=ok, other=0) + 1
@@ -400,17 +427,27 @@ def _sample_kernel(g_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab, M: tl.cons
 
 def sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
            seeded: torch.Tensor, vocab: int, percent: int, modulus: int) -> torch.Tensor:
-    """``ops.sample`` in two kernels: the argmax, then its integer tail in one."""
-    greedy = logits.argmax(-1)
-    n = greedy.numel()
-    out = torch.empty_like(greedy)
+    """``ops.sample`` in two kernels: each row's blocks' maxima (many programs per row:
+    ``argmax`` over a large vocabulary with few programs per row left most of the card
+    idle), then per row the first column of the largest and its integer tail. The greedy
+    token is ``argmax``'s: the first column holding the row's maximum."""
+    shape = logits.shape[:-1]
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    n, width = rows.shape
+    out = torch.empty(shape, dtype=torch.int64, device=logits.device)
     if n:
-        shape = greedy.shape
+        nb = triton.cdiv(width, ARGMAX_BLOCK)
+        val = torch.empty((n, nb), dtype=rows.dtype, device=rows.device)
+        idx = torch.empty((n, nb), dtype=torch.int64, device=rows.device)
+        _argmax_parts_kernel[(n, nb)](rows, val, idx, n, width, rows.stride(0), nb,
+                                      BLOCK=ARGMAX_BLOCK, num_warps=8)
         flat = lambda t: torch.broadcast_to(t, shape).reshape(-1).contiguous()  # noqa: E731
-        _sample_kernel[(triton.cdiv(n, 128),)](
-            greedy.reshape(-1), flat(seeds).long(), flat(positions).long(),
-            flat(seeded).to(torch.int8), out.view(-1), n, vocab, M=modulus, PERCENT=percent,
-            BLOCK=128)
+        _sample_kernel[(triton.cdiv(n, 32),)](
+            val, idx, flat(seeds).long(), flat(positions).long(),
+            flat(seeded).to(torch.int8), out.view(-1), n, vocab, nb, M=modulus,
+            PERCENT=percent, BLOCK=32, BLOCK_B=triton.next_power_of_2(nb))
     return out
 
 
