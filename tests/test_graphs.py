@@ -93,6 +93,33 @@ def test_a_dynamic_tensor_is_copied_not_kept_by_address():
     got = cache.call("axpy", _axpy, kv, x, 1.0)
     assert torch.equal(got, torch.full((3,), 10.0 + 36.0))
 
+def _mix(kv, a, b, c):
+    """Several dynamic inputs of two dtypes, a tuple of three results."""
+    kv[0] += a.sum() + b.sum()
+    return a * 2 + kv[0], (b + c).float(), c * 3
+
+
+def test_several_dynamic_inputs_and_results_are_each_call_own():
+    """Dynamic inputs are copied in, and a tuple's results out, together (one launch per
+    dtype): each call still sees its own values, and a result stays as it was after
+    later replays."""
+    kv = torch.zeros(2)
+    cap = FakeCapture()
+    cache = GraphCache([kv], capture=cap)
+    plain = torch.zeros(2)
+    got, want = [], []
+    for i in range(5):
+        args = (torch.full((3,), float(i)), torch.arange(4) + i, torch.arange(4) * i)
+        got.append(cache.call("mix", _mix, kv, *args))
+        want.append(_mix(plain, *args))
+    assert cap.captures == 1 and cache.stats.replayed == 4
+    assert torch.equal(kv, plain)
+    for g, w in zip(got, want):
+        assert type(g) is tuple and len(g) == 3
+        for x, y in zip(g, w):
+            assert torch.equal(x, y) and x.dtype == y.dtype
+
+
 def test_uncapturable_calls_stay_eager_and_are_counted():
     kv = torch.zeros(2)
     cache = GraphCache([kv], capture=FakeCapture())

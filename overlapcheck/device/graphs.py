@@ -148,15 +148,22 @@ class GraphCache:
         self.stats.errors.append(f"{key[0]}: {type(e).__name__}: {e}".splitlines()[0])
 
     def _replay(self, g: _Graph, flat: List[Any]):
-        for i in g.dynamic:
-            g.inputs[i].copy_(flat[i])
+        dyn = g.dynamic
+        if len(dyn) == 1:
+            g.inputs[dyn[0]].copy_(flat[dyn[0]])
+        elif dyn:       # one launch for all of them (a kernel per dtype), not one each
+            torch._foreach_copy_([g.inputs[i] for i in dyn], [flat[i] for i in dyn])
         g.replay()
         self.stats.replayed += 1
         out = g.outputs
         if isinstance(out, torch.Tensor):
             return out.clone()
         if isinstance(out, (tuple, list)):
-            return type(out)(x.clone() for x in out)
+            if len(out) < 2:
+                return type(out)(x.clone() for x in out)
+            copies = [torch.empty_like(x) for x in out]
+            torch._foreach_copy_(copies, list(out))
+            return type(out)(copies)
         return out
 
 
