@@ -152,3 +152,85 @@ def test_records_stay_bounded_on_a_long_ordered_run():
         d.wait(a, "f")
     assert not d.reports
     assert len(d.mem["buf"].records) <= 2
+
+
+def _random_program(rng, n_ops=60):
+    """A random op sequence over three streams and the host: enqueues, records, waits,
+    host syncs, and ops of one to four accesses to three memory units."""
+    prog = []
+    for _ in range(n_ops):
+        kind = rng.choice(("op", "op", "op", "record", "wait", "sync", "free"))
+        ctx = rng.choice((1, 2, 3))
+        if kind == "op":
+            accs = []
+            for _ in range(rng.randint(1, 4)):
+                rows = (None if rng.random() < 0.3
+                        else frozenset(rng.sample(range(6), rng.randint(0, 3))))
+                accs.append((rng.choice(("m0", "m1", "m2")), rng.random() < 0.5, rows))
+            prog.append(("op", ctx, accs))
+        else:
+            prog.append((kind, ctx, rng.choice(("e0", "e1"))))
+    return prog
+
+
+def _replay(prog, batched: bool, stop: bool):
+    d = Detector()
+    for name in ("a", "b", "c"):
+        d.add_context(name)
+    for m in ("m0", "m1", "m2"):
+        d.alloc(m, m, m + "#1")
+    for i, (kind, ctx, arg) in enumerate(prog):
+        if kind == "op":
+            op, clock = OpInfo(f"op{i}", f"t:{i}"), d.enqueue(ctx)
+            if batched:
+                d.access_all(ctx, clock, op, arg, stop)
+            else:
+                for mem, write, rows in arg:
+                    if d.access(ctx, mem, write, rows, op, clock) is not None and stop:
+                        break
+        elif kind == "record":
+            d.enqueue(ctx)
+            d.record(ctx, arg)
+        elif kind == "wait":
+            d.enqueue(ctx)
+            d.wait(ctx, arg)
+        elif kind == "sync":
+            d.host_sync_stream(ctx)
+        else:
+            d.free(arg.replace("e", "m"), [ctx])
+            d.alloc(arg.replace("e", "m"), "m", f"{arg}#{i}")
+    recs = {m: [(r[0], r[1], r[3], r[4], r[5].name) for r in d.mem[m].records]
+            for m in ("m0", "m1", "m2")}
+    return [str(r) for r in d.reports], recs, d.accesses
+
+
+def test_access_all_is_each_access_in_turn():
+    """A launch's accesses checked in one ``access_all`` call give the reports, records
+    and access count of one ``access`` call each, in order; with ``stop`` both stop at
+    the op's first race (the runtime raising on it), leaving the op's later accesses
+    unrecorded."""
+    import random
+    rng = random.Random(7)
+    raced = stopped = 0
+    for _ in range(300):
+        prog = _random_program(rng)
+        for stop in (False, True):
+            each, batched = _replay(prog, False, stop), _replay(prog, True, stop)
+            assert batched == each
+            raced += bool(each[0])
+        stopped += _replay(prog, True, True)[2] < _replay(prog, True, False)[2]
+    assert raced > 100 and stopped > 20     # races found, and some ops cut short
+
+
+def test_access_all_returns_the_first_or_the_last_race():
+    d, a, b = _two_streams()
+    d.alloc("other", "other", "other#1")
+    d.access(a, "buf", True, None, OP, d.enqueue(a))
+    d.access(a, "other", True, None, OP, d.enqueue(a))
+    clock = d.enqueue(b)
+    first = d.access_all(b, clock, OP, (("buf", True, None), ("other", True, None)), True)
+    assert first is not None and first.buffer == "buf" and len(d.reports) == 1
+    assert d.accesses == 3      # the second access of the op was not checked
+    last = d.access_all(b, d.enqueue(b), OP, (("buf", True, None), ("other", True, None)),
+                        False)
+    assert last is not None and last.buffer == "other" and len(d.reports) == 3

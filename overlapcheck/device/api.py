@@ -525,7 +525,6 @@ class Runtime:
               declared: Optional[dict]) -> None:
         if self.det.accesses >= self._prune_at:
             self._prune(clock)
-        access = self.det.access
         raising = self.on_race == "raise"
         if acc is not None:
             items = []
@@ -538,15 +537,16 @@ class Runtime:
                 items.append((buf, r, w))
         else:
             items = declared.values()
+        # each buffer's read, then its write, in one detector call (``access_all``)
+        accesses = []
         for buf, r, w in items:
             if r is None or r:
-                rep = access(ctx, buf.mem, False, r, op, clock)
-                if rep is not None and raising:
-                    raise RaceError(rep)
+                accesses.append((buf.mem, False, r))
             if w is None or w:
-                rep = access(ctx, buf.mem, True, w, op, clock)
-                if rep is not None and raising:
-                    raise RaceError(rep)
+                accesses.append((buf.mem, True, w))
+        rep = self.det.access_all(ctx, clock, op, accesses, raising)
+        if rep is not None and raising:
+            raise RaceError(rep)
 
     def _call(self, fn, args, kwargs):
         """Run device work that nothing intercepts: on a backend whose work is CPU tensor
