@@ -59,3 +59,41 @@ def test_an_abort_before_arrival_ends_the_request_when_it_comes():
     events, res = run(Workload((RequestSpec(0, 3, (5, 6, 7), 8),), (AbortAt(0, 1),)))
     assert res.requests[0].finish_reason == "abort" and res.requests[0].tokens == ()
     assert not any(isinstance(ev, E.Launched) for ev in events)
+
+
+def test_run_result_json_is_asdict():
+    """``RunResult.to_json`` (every run's digest reads it) builds the dicts ``asdict``
+    builds, field for field and in order; a record with a value that is no atom or
+    tuple of atoms goes through ``asdict`` itself."""
+    import dataclasses
+    import json
+    import random
+    from overlapcheck.engine.results import RequestResult, RunResult, Summary, _fields
+    rng = random.Random(3)
+    for _ in range(200):
+        reqs = {rid: RequestResult(rid, tuple(rng.randrange(-2 ** 63, 2 ** 63)
+                                              for _ in range(rng.randint(0, 40))),
+                                   rng.choice(("length", "stop", "abort")),
+                                   tuple(rng.randint(0, 9) for _ in range(rng.randint(0, 9))),
+                                   rng.randint(0, 3))
+                for rid in rng.sample(range(20), rng.randint(0, 6))}
+        summ = Summary(*(rng.randint(0, 99) for _ in range(4)), rng.random(),
+                       *(rng.randint(0, 99) for _ in range(6)))
+        res = RunResult(reqs, summ)
+        want = {"requests": [dataclasses.asdict(reqs[r]) for r in sorted(reqs)],
+                "summary": dataclasses.asdict(summ)}
+        got = res.to_json()
+        assert got == want
+        assert json.dumps(got) == json.dumps(want)      # the same keys in the same order
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        x: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Nested:
+        a: tuple
+        b: list
+
+    odd = Nested((Inner(1), 2), [Inner(3)])
+    assert _fields(odd) == dataclasses.asdict(odd) == {"a": ({"x": 1}, 2), "b": [{"x": 3}]}
