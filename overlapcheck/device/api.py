@@ -403,7 +403,9 @@ class Runtime:
         host = dst if dst.space != DEVICE else (src if src.space != DEVICE else None)
         blocking = host is not None and not (non_blocking and host.space == PINNED)
         info = self._info(name or f"copy {src.name}->{dst.name}", True)
-        if src.mem == dst.mem:
+        if self.det is None:     # the declaration only feeds the detector
+            table = None
+        elif src.mem == dst.mem:
             table = {src.mem: [src, None, None]}
         else:
             table = {src.mem: [src, None, _EMPTY], dst.mem: [dst, _EMPTY, None]}
@@ -558,9 +560,11 @@ class Runtime:
             get, host_array = self._arrays.get, self._host_array
             try:
                 # a cached tensor is alive (the cache holds it), so no other object has
-                # its id
-                views = [hit[1] if (hit := get(id(a))) is not None
-                         else host_array(a) if isinstance(a, _Tensor) else a for a in args]
+                # its id; only a tensor is looked up (a kernel's other arguments, ints
+                # and models, are passed as they are)
+                views = [(hit[1] if (hit := get(id(a))) is not None else host_array(a))
+                         if type(a) is _Tensor or isinstance(a, _Tensor) else a
+                         for a in args]
                 return twin(*views, **kwargs)
             except Exception:  # noqa: BLE001 - the kernel reports it where it happens
                 pass
