@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from math import prod as _prod
 from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -40,6 +41,7 @@ from .sched import Strategy
 
 KERNEL, RECORD, WAIT, COPY = "kernel", "record", "wait", "copy"
 _dispatch_modes = torch._C._len_torch_dispatch_stack     # torch dispatch modes on now
+_Size = torch.Size
 # torch dtypes whose fresh buffers are made in numpy (the same values and layout)
 _NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
               torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -439,11 +441,9 @@ class SimRuntime(Runtime):
         """A device buffer allocated on ``stream`` (poison-filled when fresh, stale when
         the allocator hands back a freed block)."""
         self._point()
-        shape = tuple(map(int, shape))
-        numel = 1
-        for x in shape:
-            numel *= x
-        key = (stream.ctx, numel, dtype)
+        # a torch.Size holds ints already (most calls pass a buffer's shape)
+        shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
+        key = (stream.ctx, _prod(shape), dtype)
         t = mem = ptr = None
         blocks = self._pool.get(key)
         if blocks:
