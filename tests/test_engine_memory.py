@@ -84,3 +84,38 @@ def test_config_is_frozen():
     with pytest.raises(Exception):
         cfg.page_size = 2
     assert cfg.max_context == cfg.row_width - 2 * (cfg.spec_steps + 1)
+
+
+def test_ledger_view_counts_without_building():
+    """A pool view made with its size (the host pool's ledger in every snapshot: the
+    kv-accounting checker counts it each step) reads that size without building the
+    tuple, and the size is the built tuple's length; through random allocations,
+    releases (pending or not), batches processed and pages both owned and pending (a
+    bug's double bookkeeping, which the ledger counts once)."""
+    import random
+    from overlapcheck.engine.memory import Owner
+    rng = random.Random(5)
+    for ps in (1, 2, 4):
+        pool, held, bid = _pool(page_size=ps), {}, 0
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.4 and pool.can_allocate(2):
+                rid = rng.randrange(6)
+                held.setdefault(rid, []).extend(pool.allocate(rng.randint(1, 2), rid, "p", 0))
+            elif op < 0.7 and held:
+                rid = rng.choice(sorted(held))
+                pages = held.pop(rid)
+                pool.release(pages, rid, rng.choice((None, bid, bid + 1)))
+            elif op < 0.9:
+                pool.on_processed(bid)
+                bid += 1
+            dup = None
+            if pool.owned and rng.random() < 0.2:     # a page both owned and pending
+                dup = pool.pending.setdefault(-1, {})
+                dup[rng.choice(sorted(pool.owned))] = Owner(99, "dup", 0)
+            v = pool.view(pool.ledger_rows, pool.ledger_size())
+            n = len(v)
+            assert v._value is None                 # counted, not built
+            assert n == len(v.get()) == len(pool.ledger_rows())
+            if dup is not None:
+                del pool.pending[-1]

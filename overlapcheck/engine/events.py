@@ -269,10 +269,12 @@ class LazyTuple(Sequence):
     it (docs/design.md §5.1); where the state they describe changes later, the engine
     computes them before the change (``memory.KVPool.view``)."""
 
-    __slots__ = ("_make", "_value", "__weakref__")
+    __slots__ = ("_make", "_value", "_len", "__weakref__")
 
-    def __init__(self, make: Callable[[], tuple]):
-        self._make, self._value = make, None
+    def __init__(self, make: Callable[[], tuple], size: Optional[int] = None):
+        # ``size``: ``len(make())`` when the maker knows it cheaply (read before the
+        # tuple is: a checker that only counts never builds it)
+        self._make, self._value, self._len = make, None, size
 
     def get(self) -> tuple:
         v = self._value
@@ -282,6 +284,8 @@ class LazyTuple(Sequence):
         return v
 
     def __len__(self) -> int:
+        if self._value is None and self._len is not None:
+            return self._len
         return len(self.get())
 
     def __getitem__(self, i):

@@ -370,7 +370,7 @@ class Engine:
             return {}
         return {"host_total": host.total * ps, "host_free": host.free_pages * ps,
                 "host_pending": host.pending_pages * ps,
-                "host_ledger": host.view(host.ledger_rows)}
+                "host_ledger": host.view(host.ledger_rows, host.ledger_size())}
 
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None) -> RunResult:

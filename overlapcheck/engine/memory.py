@@ -49,11 +49,12 @@ class KVPool:
         self._views: list = []    # weak references to views of the pool as it is now
 
     # -- views ---------------------------------------------------------------------------
-    def view(self, make: Callable[[], tuple]):
+    def view(self, make: Callable[[], tuple], size: Optional[int] = None):
         """``make()`` (a function of the pool's state) as a tuple computed when first
         read; one still unread when the pool next changes is computed just before
-        (copy on write), so a view reads as the pool was when it was made."""
-        v = LazyTuple(make)
+        (copy on write), so a view reads as the pool was when it was made. ``size``:
+        its length, where known now (``LazyTuple``)."""
+        v = LazyTuple(make, size)
         self._views.append(weakref.ref(v))
         return v
 
@@ -67,6 +68,14 @@ class KVPool:
     def ledger_rows(self) -> tuple:
         """(slot, rid, purpose, allocating step) of owned and pending slots, by slot."""
         return tuple((s, o.rid, o.purpose, o.step) for s, o in sorted(self.ledger().items()))
+
+    def ledger_size(self) -> int:
+        """``len(ledger_rows())`` without building it: the slots of the distinct owned
+        and pending pages (a page's slots are its own)."""
+        pages = set(self.owned)
+        for table in self.pending.values():
+            pages.update(table)
+        return len(pages) * self.page_size
 
     def pending_slots(self) -> tuple:
         """The pending-free slots, sorted."""
