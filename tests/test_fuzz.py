@@ -138,3 +138,27 @@ def test_a_device_without_logical_ranks_draws_one_rank_from_the_same_draws():
     import overlapcheck.device as D
     if "cuda" in D.DEVICES:
         assert "logical_ranks=False" in repr(case_strategy(Options(device="cuda")))
+
+
+def test_cli_fuzz_in_two_processes(tmp_path):
+    """``fuzz -j 2``: two campaigns whose fork server starts before the parent checks its
+    flags; their summaries merged."""
+    p = subprocess.run([sys.executable, "-m", "overlapcheck", "fuzz", "-j", "2", "--examples", "8",
+                        "--json", "--out", str(tmp_path / "f")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = json.loads(p.stdout)
+    assert s["jobs"] == 2 and s["examples"] >= 8 and s["steps"] > 0 and s["findings"] == []
+
+
+def test_jobs_module_starts_the_server_before_the_engine_is_imported():
+    """The fork server is started from a module that has not imported the engine, torch
+    or Hypothesis yet: the server imports them while the parent does (a second call is
+    a no-op)."""
+    code = ("import sys\nimport overlapcheck.fuzz.jobs as J\n"
+            "heavy = [m for m in ('torch', 'hypothesis', 'overlapcheck.fuzz.campaign') if m in sys.modules]\n"
+            "assert not heavy, heavy\nJ.start_server()\nJ.start_server()\n"
+            "from multiprocessing import forkserver\n"
+            "assert forkserver._forkserver._forkserver_pid is not None\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -173,6 +173,9 @@ def _check_faults(faults, target: str = "reference") -> None:
 
 
 def run(args) -> int:
+    if (args.jobs or 1) > 1 and args.ray is None:
+        from .jobs import start_server
+        start_server()         # the workers' imports, while this process checks the flags
     opts = _options(args)      # usage errors first, before the engine is imported
     from .campaign import stderr_progress
     from .jobs import run_jobs

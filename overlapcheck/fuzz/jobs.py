@@ -11,9 +11,15 @@ import dataclasses
 import gc
 import multiprocessing as mp
 import time
+from typing import TYPE_CHECKING
 
 from .. import seeds
-from .campaign import Campaign, Options, stderr_progress
+
+if TYPE_CHECKING:
+    from .campaign import Options
+
+# (the campaign's modules are imported where they are used: ``start_server`` runs before
+# this process has imported them, so that the fork server imports them at the same time)
 
 
 def tune_process(device: str) -> None:
@@ -32,7 +38,8 @@ def tune_process(device: str) -> None:
     gc.set_threshold(10000, 20, 20)
 
 
-def _job(opts: Options, j: int, verbose: bool) -> dict:
+def _job(opts: "Options", j: int, verbose: bool) -> dict:
+    from .campaign import Campaign, stderr_progress
     if verbose:
         opts = dataclasses.replace(opts, progress=lambda line: stderr_progress(f"[job {j}] {line}"))
     campaign = Campaign(opts)
@@ -58,7 +65,19 @@ def _context():
     return ctx
 
 
-def run_jobs(opts: Options, jobs: int) -> dict:
+def start_server() -> None:
+    """Start the worker processes' fork server now (``_context``): it imports the
+    campaign's modules while this process imports them too, instead of after. ``fuzz
+    -j N`` calls it first thing: on a machine with a core to spare the workers start
+    about as soon as one process would (docs/design.md §8). A no-op without a fork
+    server (spawn) or once it runs."""
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+
+
+def run_jobs(opts: "Options", jobs: int) -> dict:
+    from .campaign import Campaign
     t0 = time.monotonic()
     if jobs == 1:
         campaign = Campaign(opts)
@@ -73,7 +92,7 @@ def run_jobs(opts: Options, jobs: int) -> dict:
     return merge(opts, parts, time.monotonic() - t0, jobs)
 
 
-def job_options(opts: Options, jobs: int) -> list:
+def job_options(opts: "Options", jobs: int) -> list:
     """The options of each of ``jobs`` independent campaigns (processes, Ray slices):
     sub-seeds, the example budget split, a local database folder each (a shared one
     stays shared)."""
@@ -86,7 +105,7 @@ def job_options(opts: Options, jobs: int) -> list:
             for j in range(jobs)]
 
 
-def merge(opts: Options, parts: list, secs: float, jobs: int) -> dict:
+def merge(opts: "Options", parts: list, secs: float, jobs: int) -> dict:
     """One summary from the jobs' summaries: findings deduplicated by id (the earliest
     kept), figures added up, rates over the wall time ``secs``."""
     merged, seen = [], {}
