@@ -8,7 +8,10 @@ per job count (``overlapcheck fuzz --jobs N``), and prints per count the wall-cl
 (start-up of the worker processes included), the rate per CPU second of the campaigns,
 and ``ratio`` = steps/s with N jobs / (N x steps/s with one job): the goal is at least
 0.8 on a machine with N free cores. One job runs in this process, as ``overlapcheck
-fuzz`` runs it.
+fuzz`` runs it. The workers' fork server is started first, as ``fuzz -j`` starts it
+before its own imports: one job's figure leaves this process's imports out, N jobs' the
+server's (``--cold-server``: started when the first N-job run needs it, its imports
+inside that run's time).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import json
 import os
 
 from overlapcheck.fuzz.campaign import Options
-from overlapcheck.fuzz.jobs import run_jobs
+from overlapcheck.fuzz.jobs import run_jobs, start_server
 
 
 def main() -> None:
@@ -26,9 +29,19 @@ def main() -> None:
     p.add_argument("--jobs", default="1,2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cold-server", action="store_true",
+                   help="start the workers' fork server inside the first N-job run")
     args = p.parse_args()
+    try:
+        counts = [int(x) for x in args.jobs.split(",") if x]
+    except ValueError:
+        p.error(f"--jobs: '{args.jobs}' is not a list of integers")
+    if not counts or min(counts) < 1:
+        p.error(f"--jobs: '{args.jobs}' needs counts of at least 1")
+    if max(counts) > 1 and not args.cold_server:
+        start_server()
     rows = []
-    for jobs in [int(x) for x in args.jobs.split(",") if x]:
+    for jobs in counts:
         s = run_jobs(Options(seconds=args.seconds, seed=args.seed, out=None), jobs)
         cpu = s.get("cpu_seconds") or 0.0
         rows.append({"jobs": jobs, "seconds": s["seconds"], "examples": s["examples"],

@@ -1,0 +1,26 @@
+"""bench/fuzz_rate.py runs one job and two and reports their ratio (figures only: the
+rates themselves are not asserted)."""
+import json
+import os
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench",
+                     "fuzz_rate.py")
+
+
+def test_one_and_two_jobs_give_rows_and_a_ratio():
+    p = subprocess.run([sys.executable, BENCH, "--seconds", "2", "--jobs", "1,2", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(p.stdout)
+    assert [r["jobs"] for r in rows] == [1, 2]
+    assert all(r["steps"] > 0 and r["examples"] > 0 and r["findings"] == 0 for r in rows)
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] is not None
+
+
+def test_bad_job_counts_exit_2():
+    for bad in ("1,x", "0"):
+        p = subprocess.run([sys.executable, BENCH, "--jobs", bad], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 2 and "--jobs" in p.stderr.strip().splitlines()[-1]
