@@ -228,6 +228,55 @@ def test_oracle_twin_hashes_of_one_query_match_torch():
             assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
 
 
+def test_remembered_hashes_are_the_hashes_of_the_values_read(monkeypatch):
+    """The hash memo (``oracle_host._MEMO``) hands back what the hash computes now:
+    after the KV a row reads changes in place, for other arrays holding the same values
+    (hits), for other dtypes, widths and columns, and when it is emptied while full;
+    one-query raw hashes agree with the torch hash."""
+    from fake_models import oracle_host as H
+    from fake_models.oracle import OracleModel
+    monkeypatch.setattr(H, "_MEMO_CAP", 64)
+    H._MEMO.clear()
+    rng = np.random.default_rng(11)
+    pools = [rng.integers(0, 3, (6, 4)) for _ in range(3)]
+    hits = 0
+    for _ in range(1500):
+        kv = pools[int(rng.integers(3))].copy()   # few pools: the same rows come back
+        u = rng.random()
+        if u < 0.1:
+            kv = kv.astype(np.int32)
+        elif u < 0.2:
+            kv = kv.view(np.float64)              # the same bytes as another dtype
+        width = int(rng.integers(1, 5))
+        slots = rng.integers(0, 3, int(rng.integers(0, width + 2))).tolist()
+        cols = ((0,), (1,), (0, 3))[int(rng.integers(3))]
+        if len(slots) > width:                    # more rows than the table is wide
+            with pytest.raises(IndexError):
+                H.prefix_hashes(kv[slots].tolist(), width, cols)
+            with pytest.raises(IndexError):
+                H.row_hashes(kv[slots], width, cols)
+            continue
+        before = len(H._MEMO)
+        got = H.row_hashes(kv[slots], width, cols)
+        hits += len(H._MEMO) == before
+        assert got == H.prefix_hashes(kv[slots].tolist(), width, cols)
+        table = rng.integers(0, 6, (2, width))
+        row, ctx = int(rng.integers(0, 2)), int(rng.integers(0, width + 2))
+        one = H.raw_hash_one(kv, table, row, ctx)
+        kept = dict(H._MEMO)
+        H._MEMO.clear()
+        assert one == H.raw_hash_one(kv, table, row, ctx)      # computed afresh
+        H._MEMO.update(kept)
+        if kv.dtype == np.int64:
+            want = OracleModel.raw_hash(torch.from_numpy(kv), torch.from_numpy(table),
+                                        torch.tensor([row]), torch.tensor([ctx]))
+            assert one == int(want[0])
+        kv[slots[:1]] += 1                        # the same array, other values
+        assert H.row_hashes(kv[slots], width, cols) == H.prefix_hashes(kv[slots].tolist(),
+                                                                        width, cols)
+    assert hits > 100 and len(H._MEMO) <= 64
+
+
 @pytest.mark.parametrize("b", [1, 2, 3, 5])
 def test_canary_twin_matches_torch(b, monkeypatch):
     """The canary twin (entry by entry up to ``_FEW_B`` entries, and that path's clean

@@ -260,7 +260,7 @@ def _draft_step_few(hm, draft_kv, table, meta, drafts, lens, j, b, gate) -> bool
     for slots, e, L, t in zip(plan, ms, ls, toks):
         if gate is None or e[gate] == 1:        # kept: the last kept writer of a slot wins
             draft_kv[slots[L + j - 1]] = (t, L + j - 1, e[RID])
-    raws = [hm.hashes(draft_kv[slots].tolist(), width_t)[-1] for slots in plan]
+    raws = [hm.row_hashes(draft_kv[slots], width_t)[-1] for slots in plan]
     new = hm.drafts(raws, [L + j for L in ls], [e[SEED] for e in ms],
                     [e[SEEDED] == 1 for e in ms])
     old = drafts[:b, j].tolist()
@@ -366,7 +366,7 @@ def _write_targets(hm, kv, table, ms, ls, toks, width):
     """``verify``/``decode`` of a few entries on Python ints: per entry (``ms``: its
     meta row, ``ls``: its length, ``toks``: its ``width`` input tokens) the KV of
     positions ``L..L+width-1`` written, then the target after each, from running sums
-    of its table row's terms (``hm.hashes``). Returns the target tokens per entry, or
+    of its table row's terms (``hm.row_hashes``). Returns the target tokens per entry, or
     None, having written nothing, where the array path must run (a row, position or
     slot out of range: it reports or wraps them as torch does)."""
     size, width_t = kv.shape[0], table.shape[1]
@@ -384,7 +384,7 @@ def _write_targets(hm, kv, table, ms, ls, toks, width):
             kv[slots[L + o]] = (tk[o], L + o, rid)   # (TOK, POS, RID); the last writer wins
     out = []
     for slots, e, L in zip(plan, ms, ls):
-        pre = hm.hashes(kv[slots].tolist(), width_t)
+        pre = hm.row_hashes(kv[slots], width_t)
         cs = range(L + 1, L + width + 1)
         out.append(hm.targets([pre[c] for c in cs], cs, [e[SEED]] * width,
                               [e[SEEDED] == 1] * width))
@@ -958,7 +958,7 @@ def _eagle_prefill_few(hm, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid
         slots[r] = hm.row_slots(table, r, c, size)
         if slots[r] is None:
             return False
-    pre = {r: hm.hashes(kv[s].tolist(), width_t) for r, s in slots.items()}  # target hiddens
+    pre = {r: hm.row_hashes(kv[s], width_t) for r, s in slots.items()}  # target hiddens
     for r, q, t, rid in toks:
         if q >= 1:                     # kept: the last kept writer of a slot wins
             ekv[slots[r][q - 1]] = (t, q - 1, rid, pre[r][q])
@@ -1108,7 +1108,7 @@ def _eagle_extend_few(hm, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft
         for x in tslots:
             if not 0 <= x < size:
                 return False
-        feats.append(hm.hashes(kv[tslots].tolist(), width_t))
+        feats.append(hm.row_hashes(kv[tslots], width_t))
     toks = out_tok[:b, :width].tolist()
     for slots, e, L, a, tk, pre in zip(plan, ms, ls, accs, toks, feats):
         rid = e[RID]
