@@ -227,10 +227,6 @@ class Detector:
         """Check one access and remember it. ``clock`` is the clock the access runs
         under (for stream work: the snapshot ``enqueue`` returned); by default the
         context's current clock."""
-        if rows is not None and not rows:
-            return None
-        if clock is None:
-            clock = list(self.clocks[ctx])
         return self.access_all(ctx, clock, op, ((mem, write, rows),), True)
 
     def access_all(self, ctx: CtxId, clock: Optional[Clock], op: OpInfo, accesses,
