@@ -23,6 +23,12 @@ from typing import Optional, Sequence
 
 from hypothesis import strategies as st
 
+try:   # Hypothesis' own unwrapping of a lazy strategy, as ``data.draw`` does at every draw
+    from hypothesis.strategies._internal.lazy import unwrap_strategies as _unwrap
+except ImportError:     # another Hypothesis layout: draw from the lazy strategies
+    def _unwrap(s):
+        return s
+
 from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
 from ..device.sched import SEEDED as SEEDED_STRATEGIES
 from ..engine.config import MODELS, RESERVE_RULES, TREE_KINDS
@@ -49,7 +55,7 @@ def _made(composite, *args):
     if hit is None:
         if len(_MADE) >= 4096:
             _MADE.clear()
-        hit = _MADE[(composite, args)] = composite(*args)
+        hit = _MADE[(composite, args)] = _unwrap(composite(*args))
     return hit
 
 
@@ -58,26 +64,27 @@ def _made(composite, *args):
 # draw does, and makes a new object at every call of others (sampled_from, one_of),
 # whose properties it then works out again (together about a third of drawing a case,
 # docs/design.md §8). The same definitions draw the same choices.
-_BOOL = st.booleans()
-_THREE_IN_FOUR = st.sampled_from((True, True, True, False))
-_ONE_IN_FOUR = st.sampled_from((False, False, False, True))
-_ONE_IN_THREE = st.sampled_from((False, False, True))
-_TP = st.sampled_from((1, 1, 1, 2))
-_HALF = st.sampled_from((False, True))
-_ZERO_BUBBLE_TIGHT = st.sampled_from((False, True, True, True))
-_TWO_IN_FIVE = st.sampled_from((False, False, False, True, True))
-_PAGES = {True: st.sampled_from((1, 2, 4, 8, 16)), False: st.sampled_from((1, 1, 2, 4))}
-_RESERVE = st.sampled_from(RESERVE_RULES)
-_TOKEN = st.integers(0, VOCAB - 1)
-_STOPS = st.lists(_TOKEN, max_size=6)
-_SEED = st.integers(0, 2 ** 16)
-_DELAY = st.one_of(st.integers(0, 3), st.integers(0, 20))
-_KINDS = st.sampled_from(("stalls",) * len(SEEDED_STRATEGIES) + SEEDED_STRATEGIES)
-_SCHEDULE_SEED = st.integers(0, 2 ** 32 - 1)
-_STALLS = st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400),
-                             st.one_of(st.integers(1, 60), st.integers(61, 3000))),
-                   max_size=6)
-_LAG = st.sampled_from((None, None, "forward") + STREAMS)
+_BOOL = _unwrap(st.booleans())
+_THREE_IN_FOUR = _unwrap(st.sampled_from((True, True, True, False)))
+_ONE_IN_FOUR = _unwrap(st.sampled_from((False, False, False, True)))
+_ONE_IN_THREE = _unwrap(st.sampled_from((False, False, True)))
+_TP = _unwrap(st.sampled_from((1, 1, 1, 2)))
+_HALF = _unwrap(st.sampled_from((False, True)))
+_ZERO_BUBBLE_TIGHT = _unwrap(st.sampled_from((False, True, True, True)))
+_TWO_IN_FIVE = _unwrap(st.sampled_from((False, False, False, True, True)))
+_PAGES = {True: _unwrap(st.sampled_from((1, 2, 4, 8, 16))),
+          False: _unwrap(st.sampled_from((1, 1, 2, 4)))}
+_RESERVE = _unwrap(st.sampled_from(RESERVE_RULES))
+_TOKEN = _unwrap(st.integers(0, VOCAB - 1))
+_STOPS = _unwrap(st.lists(_TOKEN, max_size=6))
+_SEED = _unwrap(st.integers(0, 2 ** 16))
+_DELAY = _unwrap(st.one_of(st.integers(0, 3), st.integers(0, 20)))
+_KINDS = _unwrap(st.sampled_from(("stalls",) * len(SEEDED_STRATEGIES) + SEEDED_STRATEGIES))
+_SCHEDULE_SEED = _unwrap(st.integers(0, 2 ** 32 - 1))
+_STALLS = _unwrap(st.lists(st.tuples(st.sampled_from(STREAMS), st.integers(0, 400),
+                                     st.one_of(st.integers(1, 60), st.integers(61, 3000))),
+                           max_size=6))
+_LAG = _unwrap(st.sampled_from((None, None, "forward") + STREAMS))
 _EACH: dict = {}   # (what, its arguments) -> a strategy that depends on them, made once
 
 
@@ -88,7 +95,7 @@ def _each(what: str, make, *args):
     if hit is None:
         if len(_EACH) >= 4096:
             _EACH.clear()
-        hit = _EACH[key] = make(*args)
+        hit = _EACH[key] = _unwrap(make(*args))
     return hit
 
 
