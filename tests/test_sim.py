@@ -274,3 +274,103 @@ def test_work_run_at_once_is_the_deferred_run():
             refs.append((list(out.choices), out.digest, out.result.summary, rt.calls))
         assert refs[0] == refs[1]
     assert raced            # race reports were compared, not only empty lists
+
+
+class _PlainSim:
+    """The sim as it was before ``launch``/``copy`` inlined their steps and a choice
+    point kept its ready list across decisions: ``Runtime.launch`` and ``copy`` through
+    ``_raw_launch``/``_raw_copy`` (an overridden ``_point`` turns the inlining off), and
+    a choice point that scans every stream again after each retire."""
+
+    @staticmethod
+    def make(strategy, **kw):
+        from overlapcheck.device.sim import WAIT, SimRuntime
+
+        class Plain(SimRuntime):
+            def _point(self):
+                self.calls += 1
+                if self._owed:
+                    self._owed = False
+                    self.choices.append(1)
+                    if self._owed_exc is not None:
+                        self._settle_exc()
+                if not self._pending:
+                    return
+                strategy = self.strategy
+                if self._started:
+                    self._started = False
+                else:
+                    strategy.new_point()
+                if strategy.eager():
+                    return self._point_eager_rest()
+                while True:
+                    ready = [q for q in self._queues if q.ops and (
+                        q.ops[0].kind != WAIT or q.ops[0].bound.retired)]
+                    if not ready:
+                        return
+                    c = strategy.choose(len(ready) + 1, [q.name for q in ready], False)
+                    self.choices.append(c)
+                    if c == 0:
+                        return
+                    self._retire(ready[c - 1])
+
+            def _point_eager_rest(self):
+                # the eager scan from the first stream again after every retire
+                while True:
+                    for q in self._queues:
+                        if q.ops and (q.ops[0].kind != WAIT or q.ops[0].bound.retired):
+                            self.choices.append(1)
+                            self._retire(q)
+                            break
+                    else:
+                        return
+
+        rt = Plain(strategy, **kw)
+        assert not rt._inline and SimRuntime(strategy, **kw)._inline
+        return rt
+
+
+@pytest.mark.parametrize("schedule", [("random", 3, ()), ("pct", 4, ()), ("buggify", 5, ()),
+                                      ("stalls", 0, (("forward", 3, 30), ("forward", 120, 180),
+                                                     ("schedule", 200, 260), ("copy", 300, 340))),
+                                      ("stalls", 0, (("copy", 20, 2000),)),
+                                      ("stalls", 0, ())])
+def test_inlined_launch_and_kept_ready_list_are_the_plain_sim(schedule):
+    """``SimRuntime.launch``/``copy`` (the choice point's start, ``_raw_launch``/``_raw_copy``
+    and direct execution inlined) and a choice point that updates its ready list after a
+    retire instead of scanning again make the runs the plain sim makes: the same
+    decisions, retire trace, digest, findings and race reports, under every schedule
+    kind, with overlap, logical ranks (host flags), the forward thread (host choices),
+    faults that race, and the detector-less reference run."""
+    from overlapcheck.device.sim import SimRuntime
+    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.run import Case, ScheduleSpec, execute
+
+    base = dict(page_size=2, pool_tokens=96, row_width=32, max_running=4, chunk_size=8,
+                spec_steps=3)
+    configs = [EngineConfig(**base), EngineConfig(**base, tp=2),
+               EngineConfig(**base, forward_thread=True, kv_backup=True),
+               EngineConfig(**base, overlap=False, draft_kind="eagle")]
+    spec = ScheduleSpec(*schedule)
+    raced = decided = 0
+    for i, cfg in enumerate(configs):
+        for faults in ((), ("index-no-record-stream",), ("single-staging-buffer",)):
+            case = Case(cfg, generate(i, 5, cfg, max_prompt=10, max_new=12), spec, faults=faults)
+            runs = []
+            for make in (SimRuntime, _PlainSim.make):
+                rt = make(spec.make(), access="declared")
+                out = execute(case, runtime=rt)
+                runs.append((list(out.choices), out.retired, out.marks, out.digest, out.status,
+                             [f.text for f in out.findings], [str(r) for r in out.races],
+                             rt.calls, rt.launches, rt.syncs))
+            assert runs[0] == runs[1]
+            raced += bool(runs[0][6])
+            decided += sum(1 for c in runs[0][0] if c != 1)
+        refs = []
+        for make in (SimRuntime, _PlainSim.make):
+            rt = make(ScheduleSpec("eager", 0).make(), detect=False, access="declared")
+            out = execute(Case(cfg, case.workload, ScheduleSpec("eager", 0), ("parity",)),
+                          runtime=rt)
+            refs.append((list(out.choices), out.digest, out.result.summary, rt.calls))
+        assert refs[0] == refs[1]
+    assert raced and decided     # races and real decisions were compared, not only empties

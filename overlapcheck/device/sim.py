@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..race import OpInfo
-from .api import Event, Runtime, Stream, StuckWait
+from .api import _EMPTY, Event, Runtime, Stream, StuckWait
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 from .sched import Strategy
 
@@ -126,6 +126,15 @@ class SimRuntime(Runtime):
         self._owed = False
         self._owed_exc: Optional[BaseException] = None
         self._started = False
+        # ``launch`` and ``copy`` with the choice point's common case, ``_raw_launch`` /
+        # ``_raw_copy`` and direct execution inlined (the most frequent host calls),
+        # where a subclass changes none of those steps
+        cls = type(self)
+        self._inline = (cls._point is SimRuntime._point and cls._raw_launch is SimRuntime._raw_launch
+                        and cls._raw_copy is SimRuntime._raw_copy
+                        and cls._runs_now is SimRuntime._runs_now
+                        and cls._ran_now is SimRuntime._ran_now
+                        and cls._copy_fed is SimRuntime._copy_fed)
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
@@ -162,8 +171,11 @@ class SimRuntime(Runtime):
             self.choices.append(1)
             if self._owed_exc is not None:
                 self._settle_exc()
-        if not self._pending:
-            return
+        if self._pending:
+            self._point_rest()
+
+    def _point_rest(self) -> None:
+        """The rest of a choice point, with work queued: the strategy's decisions."""
         strategy = self.strategy
         if self._started:
             self._started = False
@@ -191,17 +203,15 @@ class SimRuntime(Runtime):
                 i += 1
             return
         choose = strategy.choose
-        while True:
-            ready, names = [], []
-            for q in queues:
-                ops = q.ops
-                if ops:
-                    head = ops[0]
-                    if head.kind != WAIT or head.bound.retired:
-                        ready.append(q)
-                        names.append(q.name)
-            if not ready:
-                return
+        ready, names = [], []
+        for q in queues:
+            ops = q.ops
+            if ops:
+                head = ops[0]
+                if head.kind != WAIT or head.bound.retired:
+                    ready.append(q)
+                    names.append(q.name)
+        while ready:
             n = len(ready) + 1
             c = choose(n, names, False)
             if not 0 <= c < n:
@@ -209,7 +219,122 @@ class SimRuntime(Runtime):
             choices.append(c)
             if c == 0:
                 return
-            self._retire(ready[c - 1])
+            q = ready[c - 1]
+            kind = q.ops[0].kind
+            self._retire(q)
+            if kind is RECORD:       # a record may release waits anywhere: scan again
+                ready, names = [], []
+                for q in queues:
+                    ops = q.ops
+                    if ops:
+                        head = ops[0]
+                        if head.kind != WAIT or head.bound.retired:
+                            ready.append(q)
+                            names.append(q.name)
+            else:                    # only this stream's head changed
+                ops = q.ops
+                if not ops or (ops[0].kind == WAIT and not ops[0].bound.retired):
+                    del ready[c - 1]
+                    del names[c - 1]
+
+    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
+               writes=None, **kwargs) -> None:
+        """``Runtime.launch``, with ``_point``'s start, ``_raw_launch`` and direct
+        execution (``_runs_now``, ``_ran_now``) inlined: the same steps in the same order,
+        three calls fewer (the most frequent host call; docs/design.md §8)."""
+        if not self._inline:
+            return Runtime.launch(self, stream, fn, *args, name=name, reads=reads,
+                                  writes=writes, **kwargs)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        self.launches += 1
+        info = self._info(name or getattr(fn, "__name__", "kernel"))
+        det = self.det
+        if det is None:
+            declared = clock = None
+        else:
+            declared = self._declared(reads, writes)
+            clock = det.enqueue(stream.ctx)
+        q = stream.raw                       # ``_raw_launch``
+        if self._early and not self._pending:
+            if self.strategy.early_point(q.name):    # ``_runs_now``: it runs now
+                q.enq += 1
+                q.ret += 1
+                self._owed = True
+                try:
+                    self._run_closure(fn, args, kwargs, declared, q.ctx, clock, info)
+                except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+                    self._owed_exc = e
+                    return
+                if self.trace:
+                    self.retired.append((q.name, info.name, self.calls + 1))
+                return
+            self._started = True
+        q.ops.append(_Op(KERNEL, stream, q.enq, clock, info, fn, args, kwargs, declared, None))
+        q.enq += 1
+        self._pending += 1
+
+    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
+             name: Optional[str] = None) -> None:
+        """``Runtime.copy``, with ``_point``'s start, ``_raw_copy`` and direct execution
+        inlined, as ``launch``."""
+        if not self._inline:
+            return Runtime.copy(self, dst, src, stream, non_blocking, name)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        dspace, sspace = dst.space, src.space
+        if dspace != DEVICE and sspace != DEVICE:
+            raise ValueError("copy between two host buffers: use host_write")
+        host = dst if dspace != DEVICE else (src if sspace != DEVICE else None)
+        blocking = host is not None and not (non_blocking and host.space == PINNED)
+        info = self._info(name or f"copy {src.name}->{dst.name}", True)
+        det = self.det
+        if det is None:     # the declaration only feeds the detector
+            table = clock = None
+        else:
+            if src.mem == dst.mem:
+                table = {src.mem: [src, None, None]}
+            else:
+                table = {src.mem: [src, None, _EMPTY], dst.mem: [dst, _EMPTY, None]}
+            clock = det.enqueue(stream.ctx)
+        q = stream.raw                       # ``_raw_copy``
+        if not blocking:
+            if self._early and not self._pending:
+                if self.strategy.early_point(q.name):    # ``_runs_now``: it runs now
+                    q.enq += 1
+                    q.ret += 1
+                    self._owed = True
+                    try:
+                        self._copy(dst, src)
+                        if det is not None:
+                            self._feed(q.ctx, clock, info, None, table)
+                    except Exception as e:  # noqa: BLE001 - raised where the deferred run raises it
+                        self._owed_exc = e
+                        return
+                    if self.trace:
+                        self.retired.append((q.name, info.name, self.calls + 1))
+                    return
+                self._started = True
+        q.ops.append(_Op(COPY, stream, q.enq, clock, info, None, (dst, src), None, table, None))
+        q.enq += 1
+        self._pending += 1
+        if blocking:
+            self.syncs += 1
+            self._raw_sync_stream(stream, "a blocking host call")
+            if det is not None:
+                det.host_sync_stream(stream.ctx)
 
     def _settle_exc(self) -> None:
         """The choice point after work ran at once retires that work, the only work
