@@ -162,3 +162,45 @@ def test_jobs_module_starts_the_server_before_the_engine_is_imported():
             "assert forkserver._forkserver._forkserver_pid is not None\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_unwrapped_strategies_draw_what_the_lazy_ones_drew(monkeypatch):
+    """The case strategies are made of Hypothesis' unwrapped strategies (a draw of a lazy
+    one unwraps it again each time): the cases drawn, and so the choices behind them, are
+    those of the same module built from the lazy strategies (Hypothesis without the
+    unwrapping helper: its fallback)."""
+    import importlib.util
+    import json
+    import types
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    import overlapcheck.fuzz.strategies as S
+    lazy_mod = "hypothesis.strategies._internal.lazy"
+    stub = types.ModuleType(lazy_mod)     # the module without the helper
+    stub.__dict__.update({k: v for k, v in vars(sys.modules[lazy_mod]).items()
+                          if k != "unwrap_strategies"})
+    monkeypatch.setitem(sys.modules, lazy_mod, stub)
+    spec = importlib.util.spec_from_file_location("overlapcheck.fuzz._lazy_strategies", S.__file__)
+    L = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, L)    # its dataclasses look it up there
+    spec.loader.exec_module(L)
+    monkeypatch.undo()
+    names = [n for n, v in vars(S).items()
+             if n.startswith("_") and n.isupper() and isinstance(v, st.SearchStrategy)]
+    assert "_BOOL" in names and "_STALLS" in names
+    assert not any(hasattr(getattr(S, n), "wrapped_strategy") for n in names)
+    assert hasattr(L._BOOL, "wrapped_strategy") and hasattr(L._STALLS, "wrapped_strategy")
+
+    def drawn(module):
+        out = []
+
+        @settings(max_examples=80, derandomize=True, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(module.cases())
+        def prop(case):
+            out.append(json.dumps(case.to_dict(), sort_keys=True))
+        prop()
+        return out
+
+    bare = drawn(S)
+    assert drawn(L) == bare and len(set(bare)) > 40
