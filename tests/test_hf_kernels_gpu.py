@@ -39,18 +39,20 @@ def test_linear_is_batch_invariant_and_close(T, din, dout):
 
 
 @pytest.mark.parametrize("kmajor", [False, True])
-@pytest.mark.parametrize("bm,bn,bk", [(16, 32, 64), (16, 64, 256), (64, 64, 128)])
-def test_every_tile_layout_is_batch_invariant(T, kmajor, bm, bn, bk):
+@pytest.mark.parametrize("bm,bn,bk,split", [(16, 32, 64, 1), (16, 64, 256, 1), (64, 64, 128, 1),
+                                            (16, 64, 64, 3), (16, 32, 128, 2), (64, 64, 64, 8)])
+def test_every_tile_layout_is_batch_invariant(T, kmajor, bm, bn, bk, split):
     """A tile ``bench/gpu_linear.py --sweep`` may pick: either weight layout, 16 or 64
-    rows per program, with a
-    residual, a bias and the folded norm, and the gated pair, rows alone equal rows in
-    a batch and both layouts compute the same products."""
-    g = torch.Generator().manual_seed(bm + bn * bk + kmajor)
+    rows per program, the inputs in one range or split into ranges (the last one short
+    or empty), with a residual, a bias and the folded norm, and the gated pair, rows
+    alone equal rows in a batch, both layouts compute the same products, and a split
+    sum is close to the unsplit one."""
+    g = torch.Generator().manual_seed(bm + bn * bk + kmajor + 1000 * split)
     din, dout = 320, 200
     w, wu = ((torch.randn(din, dout, generator=g) * din ** -0.5).cuda() for _ in range(2))
     b, n = torch.randn(dout, generator=g).cuda(), (torch.rand(din, generator=g) + 0.5).cuda()
     x, r = torch.randn(21, din, generator=g).cuda(), torch.randn(21, dout, generator=g).cuda()
-    tile = T.Tile(bn, bk, kmajor=kmajor, bm=bm)
+    tile = T.Tile(bn, bk, kmajor=kmajor, bm=bm, split=split)
     W, U = T.Bf16Weight(w, tile), T.Bf16Weight(wu, tile)
     assert torch.equal(W.dense.float(), w.to(torch.bfloat16).float())
     calls = (lambda t, rr: T.linear(t, W, b, residual=rr, norm=n, eps=1e-6),
@@ -60,8 +62,40 @@ def test_every_tile_layout_is_batch_invariant(T, kmajor, bm, bn, bk):
         for k in (1, 5, 16):
             assert torch.equal(torch.cat([f(x[i:i + k], r[i:i + k])
                                           for i in range(0, 21, k)]), y), k
-    other = T.Bf16Weight(w, T.Tile(bn, bk, kmajor=not kmajor, bm=bm))
+    other = T.Bf16Weight(w, T.Tile(bn, bk, kmajor=not kmajor, bm=bm, split=split))
     assert torch.allclose(T.linear(x, other), T.linear(x, W), rtol=0, atol=1e-5)
+    whole = T.Bf16Weight(w, T.Tile(bn, bk, kmajor=kmajor, bm=bm))
+    assert torch.allclose(T.linear(x, whole, b, residual=r), T.linear(x, W, b, residual=r),
+                          rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("din,dout", [(8192, 2048), (2048, 8192), (3072, 1024), (2048, 1024)])
+def test_rows_per_program_do_not_change_a_row(T, din, dout):
+    """``Tile.rows`` picks 16 or 64 rows per program by the call's row count; that keeps
+    the invariance only if a block product gives each row the same bits whatever rows
+    share it: 16, 32 and 64 rows per program give bitwise the same outputs, split or
+    not, through every epilogue; and the model's own tile, over ``WIDE_ROWS`` rows,
+    equals its rows taken one at a time."""
+    g = torch.Generator().manual_seed(din ^ dout)
+    w, wu = ((torch.randn(din, dout, generator=g) * din ** -0.5).cuda() for _ in range(2))
+    n = (torch.rand(din, generator=g) + 0.5).cuda()
+    x, r = torch.randn(70, din, generator=g).cuda(), torch.randn(70, dout, generator=g).cuda()
+    tile = T.tile_for(din, dout)
+    for split in sorted({1, tile.split}):
+        outs = []
+        for bm in (16, 32, 64):
+            t = T.Tile(tile.bn, tile.bk, kmajor=True, bm=bm, split=split)
+            W, U = T.Bf16Weight(w, t), T.Bf16Weight(wu, t)
+            outs.append((T.linear(x, W, residual=r), T.linear(x, W, norm=n, eps=1e-6),
+                         T.gated(x, W, U, norm=n, eps=1e-6)))
+        for other in outs[1:]:
+            for a, b in zip(outs[0], other):
+                assert torch.equal(a, b), split
+    assert x.shape[0] > T.WIDE_ROWS      # the whole call takes the tile's wide_bm rows
+    W, U = T.Bf16Weight(w), T.Bf16Weight(wu)
+    for f in (lambda t, rr: T.linear(t, W, residual=rr), lambda t, rr: T.gated(t, W, U)):
+        y = f(x, r)
+        assert torch.equal(torch.cat([f(x[i:i + 1], r[i:i + 1]) for i in range(70)]), y)
 
 
 def test_fused_epilogues_and_rope_are_batch_invariant_and_close(T):

@@ -8,8 +8,10 @@ stay *bitwise batch invariant* by fixing every reduction order per output row, t
 approach of vLLM's batch-invariant mode and SGLang's deterministic inference:
 
 * ``linear``: ``x [M, K] @ w [K, N]``, bf16 operands, fp32 accumulation, one tile
-  configuration for every ``M`` (no split-K, no autotuning): a row's outputs are the
-  same sequence of block products whatever rows share its tile or launch;
+  configuration per weight for every ``M`` (no autotuning): a row's outputs are the
+  same sequence of block products whatever rows share its tile or launch; a narrow
+  weight's inputs are split into fixed ranges (split-K), each in its own program, and
+  the ranges' partial sums added in range order by a second kernel (``Tile``);
 * ``rms_norm``: one program per row, the row's sum of squares as one block reduction;
 * ``attend``: one program per (query, KV head), reading K and V straight from the paged
   KV cache through the query's own table row, in fixed blocks of positions up to the
@@ -32,41 +34,73 @@ import triton.language as tl
 from .ops import rope_tables  # noqa: F401  (the same on both paths)
 
 BW = 32                          # attention positions per block
+WIDE_ROWS = 32                   # calls of more rows take a tile's wide_bm rows per program
 
 
 class Tile:
-    """How ``linear`` and ``gated`` stream one weight: rows (``bm``), output columns
-    (``bn``) and inputs (``bk``) per block product, warps and pipeline stages per
-    program, and the weight's layout (``kmajor``: stored ``[dout, din]``, each output
-    column's inputs contiguous, as ``nn.Linear`` keeps it). A property of the weight
-    alone, never of the batch: a row's outputs are the same block products, in the same
-    order, whatever rows share its launch (the invariance)."""
+    """How ``linear`` and ``gated`` stream one weight: rows per program (``bm`` for a
+    call of up to ``WIDE_ROWS`` rows, ``wide_bm`` above), output columns (``bn``) and
+    inputs (``bk``) per block product, warps and pipeline stages per program, the
+    weight's layout (``kmajor``: stored ``[dout, din]``, each output column's inputs
+    contiguous, as ``nn.Linear`` keeps it) and ``split``: the inputs cut into that many
+    fixed ranges, each range's block products in its own program (more programs stream
+    a narrow weight at once), the ranges' fp32 partial sums then added in range order by
+    a second kernel that also runs the epilogue. Everything that orders a row's sums is
+    a property of the weight alone, never of the batch: a row's outputs are the same
+    block products, summed in the same order, whatever rows share its launch (the
+    invariance). Rows per program do not order any sum: a block product of 16 or 64 rows
+    gives each row the same bits (``tests/test_hf_kernels_gpu.py`` checks it on the
+    device), so the row count may pick them."""
 
-    __slots__ = ("bn", "bk", "warps", "stages", "kmajor", "bm")
+    __slots__ = ("bn", "bk", "warps", "stages", "kmajor", "bm", "split", "wide_bm")
 
     def __init__(self, bn: int, bk: int, warps: int = 4, stages: int = 3,
-                 kmajor: bool = False, bm: int = 16):
+                 kmajor: bool = False, bm: int = 16, split: int = 1, wide_bm: int = 0):
         self.bn, self.bk, self.warps, self.stages, self.kmajor = bn, bk, warps, stages, kmajor
-        self.bm = bm
+        self.bm, self.split, self.wide_bm = bm, split, wide_bm or bm
 
     def __repr__(self) -> str:
         return (f"Tile(bm={self.bm}, bn={self.bn}, bk={self.bk}, warps={self.warps}, "
-                f"stages={self.stages}, kmajor={self.kmajor})")
+                f"stages={self.stages}, kmajor={self.kmajor}, split={self.split}, "
+                f"wide_bm={self.wide_bm})")
+
+    def rows(self, m: int) -> int:
+        """Rows per program for a call of ``m`` rows."""
+        return self.bm if m <= WIDE_ROWS else self.wide_bm
+
+    def span(self, din: int) -> int:
+        """Inputs per split range: a whole number of ``bk`` blocks, the last range
+        taking what is left (possibly nothing)."""
+        return -(-din // (self.split * self.bk)) * self.bk
 
 
 def tile_for(din: int, dout: int) -> Tile:
-    """The tile of a ``[din, dout]`` weight: stored ``[dout, din]`` (each program reads
-    long runs of contiguous inputs), 64 outputs per program, and 256 inputs per block
-    product where the outputs are narrow (few programs stream the weight, each with
-    more bytes in flight) or 128; 64 rows per program on the widest (the lm head),
-    16 elsewhere. Measured by ``bench/gpu_linear.py --sweep`` on an H100 for the
-    real-size models' shapes at 1 to 128 rows: 1.2-2x the bandwidth of a ``[din,
-    dout]`` layout with 32-64 outputs and 64 inputs per block, within a few per cent of
-    the fastest tile of each shape at 1-32 rows; on the lm head, 64-row programs halve a
-    128-row call (batch 32 verifying three draft tokens) for 3 % more at 1-4 rows."""
+    """The tile of a ``[din, dout]`` weight, measured by ``bench/gpu_linear.py --sweep``
+    on an H100 for the real-size models' shapes at 1 to 128 rows:
+
+    * stored ``[dout, din]`` (each program reads long runs of contiguous inputs), 64
+      outputs per program: 1.2-2x the bandwidth of a ``[din, dout]`` layout;
+    * a weight with at least twice as many inputs as outputs (the down projection, a
+      narrow O projection) split into 2 ranges, or 4 from three times as many, of at
+      least 512 inputs each: its few programs each streamed a long column alone
+      (Llama-1B's down projection 24.8 -> 17.1 µs at one row, Qwen3's 10.7 -> 7.6);
+    * 256 inputs per block product where the outputs are narrow or a split range is
+      short, else 128;
+    * 64 rows per program for wide calls (over ``WIDE_ROWS``: batch 32 verifying three
+      draft tokens) on the wide weights and the 4-way splits (Llama-1B's gate+up at 128
+      rows 108 -> 80 µs, its down projection 46 -> 27 µs), and always on the lm head
+      (64 rows halve its 128-row call for 3 % more at 1-4 rows); 16 elsewhere."""
     if dout > 16384:
         return Tile(64, 128, kmajor=True, bm=64)
-    return Tile(64, 256 if dout <= 4096 else 128, kmajor=True)
+    split = 4 if din >= 3 * dout else 2 if din >= 2 * dout else 1
+    while split > 1 and din // split < 512:
+        split //= 2
+    if split > 1:
+        bk = 256 if din // split < 2048 else 128
+    else:
+        bk = 256 if dout <= 4096 else 128
+    wide = 64 if split == 4 or dout > 4096 else 16
+    return Tile(64, bk, kmajor=True, split=split, wide_bm=wide)
 
 
 class Bf16Weight:
@@ -106,13 +140,14 @@ def _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit
-def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM: tl.constexpr,
+def _tile(x_ptr, w_ptr, rm, rn, M, N, K, k_lo, k_hi, sx, sk, sn, inv, n_ptr, NORM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``x[rm] @ w[:, rn]``: bf16 block products accumulated in fp32, K in fixed order;
-    with ``NORM``, ``x``'s rows RMS-normed first (``inv`` per row, weight ``n_ptr``)."""
+    """``x[rm, k_lo:k_hi] @ w[k_lo:k_hi, rn]``: bf16 block products accumulated in fp32,
+    in fixed order; with ``NORM``, ``x``'s rows RMS-normed first (``inv`` per row, weight
+    ``n_ptr``). ``k_hi - k_lo`` is a whole number of blocks or ends at ``K``."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
         a = tl.load(x_ptr + rm[:, None] * sx + kk[None, :],
                     mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
@@ -124,17 +159,38 @@ def _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM: tl.conste
     return acc
 
 
-@triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
-                   HAS_B: tl.constexpr, HAS_R: tl.constexpr, NORM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:
-        inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
-    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
-              BLOCK_K)
+@triton.jit
+def _span(K, SPAN: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's input range: all of ``K`` unsplit, else range ``program_id(2)``."""
+    k_lo = 0
+    k_hi = K
+    if SPLIT > 1:
+        k_lo = tl.program_id(2) * SPAN
+        k_hi = tl.minimum(k_lo + SPAN, K)
+    return k_lo, k_hi
+
+
+@triton.jit
+def _partial(p_ptr, y, rm, rn, M, N):
+    """Store this range's partial sums at ``p[program_id(2), rm, rn]`` (``[split, M, N]``)."""
+    at = p_ptr + tl.program_id(2).to(tl.int64) * M * N + rm[:, None] * N + rn[None, :]
+    tl.store(at, y, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _sum_parts(p_ptr, rm, rn, M, N, SPLIT: tl.constexpr):
+    """``p[0, rm, rn] + p[1, rm, rn] + ...``, added in range order."""
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    at = p_ptr + rm[:, None] * N + rn[None, :]
+    y = tl.load(at, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        y = y + tl.load(at + s * M * N, mask=ok, other=0.0)
+    return y
+
+
+@triton.jit
+def _epilogue(y, b_ptr, r_ptr, y_ptr, rm, rn, M, N, sy, HAS_B: tl.constexpr,
+              HAS_R: tl.constexpr):
     ok = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_B:
         y = y + tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
@@ -144,21 +200,78 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
-                  NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
+                   HAS_B: tl.constexpr, HAS_R: tl.constexpr, NORM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT: tl.constexpr, SPAN: tl.constexpr):
+    """The matmul and its epilogue; split, only range ``program_id(2)``'s partial sums
+    into ``y_ptr`` (``[split, M, N]``), the epilogue left to ``_split_linear_kernel``."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
-    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
-              BLOCK_K)
-    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, sx, sk, sn, inv, n_ptr, NORM, BLOCK_M, BLOCK_N,
-              BLOCK_K)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], y,
+    k_lo, k_hi = _span(K, SPAN, SPLIT)
+    y = _tile(x_ptr, w_ptr, rm, rn, M, N, K, k_lo, k_hi, sx, sk, sn, inv, n_ptr, NORM,
+              BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT == 1:
+        _epilogue(y, b_ptr, r_ptr, y_ptr, rm, rn, M, N, sy, HAS_B, HAS_R)
+    else:
+        _partial(y_ptr, y, rm, rn, M, N)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _split_linear_kernel(p_ptr, b_ptr, r_ptr, y_ptr, M, N, sy, HAS_B: tl.constexpr,
+                         HAS_R: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    y = _sum_parts(p_ptr, rm, rn, M, N, SPLIT)
+    _epilogue(y, b_ptr, r_ptr, y_ptr, rm, rn, M, N, sy, HAS_B, HAS_R)
+
+
+@triton.jit
+def _silu_mul(g, u):
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
+                  NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr):
+    """Both products and ``silu(g) * u``; split, range ``program_id(2)``'s partial sums
+    of ``g`` and of ``u`` into ``y_ptr`` (``[2, split, M, N]``), for
+    ``_split_gated_kernel``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M, BLOCK_K)
+    k_lo, k_hi = _span(K, SPAN, SPLIT)
+    g = _tile(x_ptr, g_ptr, rm, rn, M, N, K, k_lo, k_hi, sx, sk, sn, inv, n_ptr, NORM,
+              BLOCK_M, BLOCK_N, BLOCK_K)
+    u = _tile(x_ptr, u_ptr, rm, rn, M, N, K, k_lo, k_hi, sx, sk, sn, inv, n_ptr, NORM,
+              BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT == 1:
+        tl.store(y_ptr + rm[:, None] * sy + rn[None, :], _silu_mul(g, u),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+    else:
+        _partial(y_ptr, g, rm, rn, M, N)
+        _partial(y_ptr + SPLIT * M * N, u, rm, rn, M, N)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _split_gated_kernel(p_ptr, y_ptr, M, N, sy, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = _sum_parts(p_ptr, rm, rn, M, N, SPLIT)
+    u = _sum_parts(p_ptr + SPLIT * M * N, rm, rn, M, N, SPLIT)
+    tl.store(y_ptr + rm[:, None] * sy + rn[None, :], _silu_mul(g, u),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+SUM_M, SUM_N = 16, 128           # the partial-sum kernels' block
 
 
 def _rows(x: torch.Tensor, din: int) -> torch.Tensor:
@@ -180,13 +293,22 @@ def linear(x: torch.Tensor, w, b=None, residual=None, norm=None, eps: float = 0.
         bias = None if b is None else b.float().contiguous()
         nw = None if norm is None else norm.float().contiguous()
         t = w.tile
-        grid = (triton.cdiv(m, t.bm), triton.cdiv(dout, t.bn))
+        part = y if t.split == 1 else torch.empty((t.split, m, dout), dtype=torch.float32,
+                                                  device=x.device)
+        bm = t.rows(m)
+        grid = (triton.cdiv(m, bm), triton.cdiv(dout, t.bn), t.split)
         _linear_kernel[grid](flat, w.w, y if bias is None else bias, y if r is None else r,
-                             y if nw is None else nw, y, m, dout, din, flat.stride(0),
+                             y if nw is None else nw, part, m, dout, din, flat.stride(0),
                              w.sk, w.sn, y.stride(0), float(eps),
                              HAS_B=bias is not None, HAS_R=r is not None, NORM=nw is not None,
-                             BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=t.bk, num_warps=t.warps,
-                             num_stages=t.stages)
+                             BLOCK_M=bm, BLOCK_N=t.bn, BLOCK_K=t.bk, SPLIT=t.split,
+                             SPAN=t.span(din), num_warps=t.warps, num_stages=t.stages)
+        if t.split > 1:
+            grid = (triton.cdiv(m, SUM_M), triton.cdiv(dout, SUM_N))
+            _split_linear_kernel[grid](part, y if bias is None else bias,
+                                       y if r is None else r, y, m, dout, y.stride(0),
+                                       HAS_B=bias is not None, HAS_R=r is not None,
+                                       SPLIT=t.split, BLOCK_M=SUM_M, BLOCK_N=SUM_N)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -200,13 +322,21 @@ def gated(x: torch.Tensor, wg, wu, norm=None, eps: float = 0.0) -> torch.Tensor:
     if m:
         nw = None if norm is None else norm.float().contiguous()
         t = wg.tile
-        if (wu.tile.kmajor, wu.sk, wu.sn) != (t.kmajor, wg.sk, wg.sn):
+        if (wu.tile.kmajor, wu.sk, wu.sn, wu.tile.split) != (t.kmajor, wg.sk, wg.sn, t.split):
             raise ValueError("gated: the two weights are laid out differently")
-        grid = (triton.cdiv(m, t.bm), triton.cdiv(dout, t.bn))
-        _gated_kernel[grid](flat, wg.w, wu.w, y if nw is None else nw, y, m, dout, din,
+        part = y if t.split == 1 else torch.empty((2, t.split, m, dout), dtype=torch.float32,
+                                                  device=x.device)
+        bm = t.rows(m)
+        grid = (triton.cdiv(m, bm), triton.cdiv(dout, t.bn), t.split)
+        _gated_kernel[grid](flat, wg.w, wu.w, y if nw is None else nw, part, m, dout, din,
                             flat.stride(0), wg.sk, wg.sn, y.stride(0), float(eps),
-                            NORM=nw is not None, BLOCK_M=t.bm, BLOCK_N=t.bn, BLOCK_K=t.bk,
-                            num_warps=t.warps, num_stages=t.stages)
+                            NORM=nw is not None, BLOCK_M=bm, BLOCK_N=t.bn, BLOCK_K=t.bk,
+                            SPLIT=t.split, SPAN=t.span(din), num_warps=t.warps,
+                            num_stages=t.stages)
+        if t.split > 1:
+            grid = (triton.cdiv(m, SUM_M), triton.cdiv(dout, SUM_N))
+            _split_gated_kernel[grid](part, y, m, dout, y.stride(0), SPLIT=t.split,
+                                      BLOCK_M=SUM_M, BLOCK_N=SUM_N)
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -307,9 +437,14 @@ def layer_weights(L: dict) -> dict:
     ``bqkv``, and ``qkn``, the Q and K head norms: one matmul and one norm-and-RoPE
     kernel make a token's query and KV row)."""
     L = dict(L)
-    L["wkv"] = Bf16Weight(torch.cat([L["wk"].dense, L["wv"].dense], 1))
-    L["bkv"] = None if L.get("bk") is None else torch.cat([L["bk"], L["bv"]]).float()
     L["wqkv"] = Bf16Weight(torch.cat([L["wq"].dense, L["wk"].dense, L["wv"].dense], 1))
+    # Q alone and K|V alone in the fused weight's tile: the same sums, so the same bits
+    # as their columns of Q|K|V (a narrower weight's own tile may split its inputs)
+    tile = L["wqkv"].tile
+    L["wkv"] = Bf16Weight(torch.cat([L["wk"].dense, L["wv"].dense], 1), tile)
+    if repr(L["wq"].tile) != repr(tile):
+        L["wq"] = Bf16Weight(L["wq"].dense, tile)
+    L["bkv"] = None if L.get("bk") is None else torch.cat([L["bk"], L["bv"]]).float()
     biases = [(L.get(n), L[w].shape[1]) for n, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"))]
     L["bqkv"] = (None if all(b is None for b, _ in biases) else
                  torch.cat([L["wq"].w.new_zeros(n, dtype=torch.float32) if b is None
