@@ -9,7 +9,7 @@ far a step's GPU time is from a real engine's.
     python bench/gpu_linear.py --sweep --json bench-out/linear.json
 
 ``--sweep`` times every tile of ``--tiles`` (layout, rows, output columns, inputs per
-block, warps, stages) per shape and prints the fastest beside the one in use, and checks that
+block, warps, stages, split-K ranges) per shape and prints the fastest beside the one in use, and checks that
 the fastest keeps a row's outputs bitwise the same alone and in a batch. Calls are timed
 from a CUDA graph of back-to-back calls over enough copies of the weight that none is
 read from L2.
@@ -43,14 +43,16 @@ def shapes(name: str):
 
 
 def parse_tiles(text: str):
-    """``kn|km:bm:bn:bk:warps:stages`` items, comma separated, a field may list values
-    ``a/b/c``: (bn, bk, warps, stages, kmajor, bm) per tile. ValueError names a bad
-    item."""
+    """``kn|km:bm:bn:bk:warps:stages[:split]`` items, comma separated, a field may list
+    values ``a/b/c``: (bn, bk, warps, stages, kmajor, bm, split) per tile. ValueError
+    names a bad item."""
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 6:
-            raise ValueError(f"tile '{item}' is not layout:bm:bn:bk:warps:stages")
+        if len(parts) not in (6, 7):
+            raise ValueError(f"tile '{item}' is not layout:bm:bn:bk:warps:stages[:split]")
+        if len(parts) == 6:
+            parts.append("1")
         try:
             nums = [[int(v) for v in p.split("/")] for p in parts[1:]]
         except ValueError:
@@ -60,8 +62,8 @@ def parse_tiles(text: str):
         for lay in parts[0].split("/"):
             if lay not in ("kn", "km"):
                 raise ValueError(f"tile '{item}': layout '{lay}' is not kn or km")
-            for bm, bn, bk, w, s in itertools.product(*nums):
-                out.append((bn, bk, w, s, lay == "km", bm))
+            for bm, bn, bk, w, s, sp in itertools.product(*nums):
+                out.append((bn, bk, w, s, lay == "km", bm, sp))
     return out
 
 
@@ -126,8 +128,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,32,128", help="M values (batch rows per call)")
     ap.add_argument("--sweep", action="store_true", help="time every tile of --tiles too")
     ap.add_argument("--tiles", default="kn/km:16:16/32/64:64/128/256:4:3/4",
-                    help="tiles the sweep tries: layout:bm:bn:bk:warps:stages, a field "
-                         "may list values a/b/c (layout kn: [din, dout]; km: [dout, din])")
+                    help="tiles the sweep tries: layout:bm:bn:bk:warps:stages[:split], a "
+                         "field may list values a/b/c (layout kn: [din, dout]; km: [dout, "
+                         "din]; split: input ranges summed by a second kernel, default 1)")
     ap.add_argument("--peak-gbs", type=float, default=0.0,
                     help="the card's memory bandwidth, GB/s (default: from its name)")
     ap.add_argument("--json", help="also write the figures here")
@@ -149,7 +152,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     from fake_models.hf import triton_ops as T
-    tiles = [T.Tile(bn, bk, w, s, kmajor=km, bm=bm) for bn, bk, w, s, km, bm in tiles]
+    tiles = [T.Tile(bn, bk, w, s, kmajor=km, bm=bm, split=sp)
+             for bn, bk, w, s, km, bm, sp in tiles]
     card = torch.cuda.get_device_name()
     peak = args.peak_gbs or (4800.0 if "H200" in card else 3350.0 if "H100" in card else 0.0)
     print(f"card: {card}; peak {peak:.0f} GB/s" if peak else f"card: {card}")

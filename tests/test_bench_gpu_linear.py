@@ -12,16 +12,18 @@ import gpu_linear  # noqa: E402
 
 
 def test_tiles_expand_every_listed_value():
-    tiles = gpu_linear.parse_tiles("kn/km:16:16/64:128:4:3, km:64:32:256:8:4")
-    assert tiles == [(16, 128, 4, 3, False, 16), (64, 128, 4, 3, False, 16),
-                     (16, 128, 4, 3, True, 16), (64, 128, 4, 3, True, 16),
-                     (32, 256, 8, 4, True, 64)]
+    tiles = gpu_linear.parse_tiles("kn/km:16:16/64:128:4:3, km:64:32:256:8:4:1/4")
+    assert tiles == [(16, 128, 4, 3, False, 16, 1), (64, 128, 4, 3, False, 16, 1),
+                     (16, 128, 4, 3, True, 16, 1), (64, 128, 4, 3, True, 16, 1),
+                     (32, 256, 8, 4, True, 64, 1), (32, 256, 8, 4, True, 64, 4)]
 
 
 @pytest.mark.parametrize("text,what", [("kn:16:16:64:4", "is not layout"),
                                        ("kn:16:16:x:4:3", "non-integer"),
                                        ("nk:16:16:64:4:3", "layout 'nk'"),
-                                       ("km:16:0:64:4:3", "below 1")])
+                                       ("km:16:0:64:4:3", "below 1"),
+                                       ("km:16:16:64:4:3:0", "below 1"),
+                                       ("km:16:16:64:4:3:2:1", "is not layout")])
 def test_bad_tiles_are_named(text, what):
     with pytest.raises(ValueError, match=what):
         gpu_linear.parse_tiles(text)
