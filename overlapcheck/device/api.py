@@ -462,10 +462,9 @@ class Runtime:
         if reads is None and writes is None:
             return None
         table: Dict[object, list] = {}
-        for i, items in ((1, reads), (2, writes)):
-            if not items:
-                continue
-            for x in items:
+        get = table.get
+        if reads:
+            for x in reads:
                 if type(x) is Region:
                     buf, rows = x.buffer, x.rows
                 elif type(x) is Buffer:
@@ -473,12 +472,25 @@ class Runtime:
                 else:
                     reg = as_region(x)
                     buf, rows = reg.buffer, reg.rows
-                ent = table.get(buf.mem)
-                if ent is None:
-                    ent = table[buf.mem] = [buf, _EMPTY, _EMPTY]
-                cur = ent[i]
-                if cur is not None:
-                    ent[i] = None if rows is None else (cur | rows if cur else rows)
+                ent = get(buf.mem)
+                if ent is None:        # a new entry: these rows read, none written
+                    table[buf.mem] = [buf, rows, _EMPTY]
+                elif (cur := ent[1]) is not None:
+                    ent[1] = None if rows is None else (cur | rows if cur else rows)
+        if writes:
+            for x in writes:
+                if type(x) is Region:
+                    buf, rows = x.buffer, x.rows
+                elif type(x) is Buffer:
+                    buf, rows = x, None
+                else:
+                    reg = as_region(x)
+                    buf, rows = reg.buffer, reg.rows
+                ent = get(buf.mem)
+                if ent is None:        # a new entry: none read, these rows written
+                    table[buf.mem] = [buf, _EMPTY, rows]
+                elif (cur := ent[2]) is not None:
+                    ent[2] = None if rows is None else (cur | rows if cur else rows)
         return table
 
     def _check_declared(self, acc: AccessSet, declared: dict, name: str) -> None:
