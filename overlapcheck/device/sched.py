@@ -123,7 +123,15 @@ class PCT(Strategy):
         self.count += 1
         if not forced and self.rng.random() < self.p_stop:
             return 0
-        best = max(range(len(ready)), key=lambda i: (self._prio(ready[i]), -i))
+        # the first ready stream of the highest priority (``_prio`` of each in order,
+        # inlined: an unseen stream draws its priority here)
+        prio, best, top = self.prio, 0, None
+        for i, s in enumerate(ready):
+            p = prio.get(s)
+            if p is None:
+                p = prio[s] = 1.0 + self.rng.random()
+            if top is None or p > top:
+                best, top = i, p
         if self.count in self.changes:
             self.low -= 1.0
             self.prio[ready[best]] = self.low
