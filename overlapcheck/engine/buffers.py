@@ -101,7 +101,7 @@ class DeviceState:
 
     def h2d(self, pinned, name: str):
         """A fresh schedule-stream buffer filled from ``pinned`` by a non-blocking copy."""
-        buf = self.rt.empty(tuple(pinned.t.shape), pinned.t.dtype, name, self.sched)
+        buf = self.rt.empty(pinned.t.shape, pinned.t.dtype, name, self.sched)   # a Size
         self.rt.copy(buf, pinned, self.sched, non_blocking=True)
         return buf
 
