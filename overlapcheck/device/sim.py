@@ -134,7 +134,11 @@ class SimRuntime(Runtime):
                         and cls._raw_copy is SimRuntime._raw_copy
                         and cls._runs_now is SimRuntime._runs_now
                         and cls._ran_now is SimRuntime._ran_now
-                        and cls._copy_fed is SimRuntime._copy_fed)
+                        and cls._copy_fed is SimRuntime._copy_fed
+                        and cls._raw_record is SimRuntime._raw_record
+                        and cls._raw_wait is SimRuntime._raw_wait
+                        and cls._enqueue is SimRuntime._enqueue and cls._now is SimRuntime._now
+                        and cls._clock is Runtime._clock)
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
@@ -335,6 +339,77 @@ class SimRuntime(Runtime):
             self._raw_sync_stream(stream, "a blocking host call")
             if det is not None:
                 det.host_sync_stream(stream.ctx)
+
+    def _record(self, event: Event, stream: Stream) -> None:
+        """``Runtime._record``, with ``_point``'s start, ``_raw_record``, ``_enqueue`` and
+        direct execution (``_now``: a record runs nothing) inlined, as ``launch``."""
+        if not self._inline:
+            return Runtime._record(self, event, stream)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        det = self.det
+        clock = det.enqueue(stream.ctx) if det is not None else None
+        q = stream.raw                       # ``_raw_record``, ``_enqueue``
+        op = _Op(RECORD, stream, q.enq, clock, event.raw[0], None, (), None, None, None)
+        q.enq += 1
+        if self._early and not self._pending and self.strategy.early_point(q.name):
+            q.ret += 1                       # ``_now``
+            self._owed = True
+            op.retired = True
+            if self.trace:
+                self.retired.append((q.name, op.info.name if op.info else RECORD, self.calls + 1))
+        else:
+            if self._early and not self._pending:
+                self._started = True
+            q.ops.append(op)
+            self._pending += 1
+        event.last = op
+        if det is not None:
+            det.record(stream.ctx, event.id)
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        """``Runtime._wait_event``, with ``_point``'s start, ``_raw_wait`` and direct
+        execution inlined, as ``launch``."""
+        if not self._inline:
+            return Runtime._wait_event(self, stream, event)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        rec = event.last
+        if rec is None:
+            return  # CUDA: waiting on a never-recorded event is a no-op
+        det = self.det
+        clock = det.enqueue(stream.ctx) if det is not None else None
+        q, info = stream.raw, event.raw[1]   # ``_raw_wait``
+        if rec.retired and self._early and not self._pending:
+            if self.strategy.early_point(q.name):    # ``_runs_now``: it retires now
+                q.enq += 1
+                q.ret += 1
+                self._owed = True
+                if rec.stream is not None:
+                    q.waits.append((q.enq - 1, rec.stream.ctx, rec.seq + 1))
+                if self.trace:
+                    self.retired.append((q.name, info.name, self.calls + 1))
+                if det is not None:
+                    det.wait(stream.ctx, event.id)
+                return
+            self._started = True
+        q.ops.append(_Op(WAIT, stream, q.enq, clock, info, None, (), None, None, rec))
+        q.enq += 1
+        self._pending += 1
+        if det is not None:
+            det.wait(stream.ctx, event.id)
 
     def _settle_exc(self) -> None:
         """The choice point after work ran at once retires that work, the only work
