@@ -336,12 +336,12 @@ class _PlainSim:
                                       ("stalls", 0, (("copy", 20, 2000),)),
                                       ("stalls", 0, ())])
 def test_inlined_launch_and_kept_ready_list_are_the_plain_sim(schedule):
-    """``SimRuntime.launch``/``copy`` (the choice point's start, ``_raw_launch``/``_raw_copy``
-    and direct execution inlined) and a choice point that updates its ready list after a
-    retire instead of scanning again make the runs the plain sim makes: the same
-    decisions, retire trace, digest, findings and race reports, under every schedule
-    kind, with overlap, logical ranks (host flags), the forward thread (host choices),
-    faults that race, and the detector-less reference run."""
+    """``SimRuntime.launch``/``copy`` and event records and waits (the choice point's start,
+    the ``_raw_*`` steps and direct execution inlined) and a choice point that updates
+    its ready list after a retire instead of scanning again make the runs the plain sim
+    makes: the same decisions, retire trace, digest, findings and race reports, under
+    every schedule kind, with overlap, logical ranks (host flags), the forward thread
+    (host choices), faults that race, and the detector-less reference run."""
     from overlapcheck.device.sim import SimRuntime
     from overlapcheck.engine import EngineConfig, generate
     from overlapcheck.run import Case, ScheduleSpec, execute
@@ -374,3 +374,41 @@ def test_inlined_launch_and_kept_ready_list_are_the_plain_sim(schedule):
             refs.append((list(out.choices), out.digest, out.result.summary, rt.calls))
         assert refs[0] == refs[1]
     assert raced and decided     # races and real decisions were compared, not only empties
+
+
+def test_pct_takes_the_first_ready_stream_of_the_highest_priority():
+    """PCT's pick (a loop over the ready streams, each unseen one drawing its priority in
+    turn) is ``max`` over (priority, -index), with the same draws of its generator: the
+    same decisions and the same random state after each, over many random point shapes,
+    ties and priority drops included."""
+    import random
+    from overlapcheck.device.sched import PCT
+
+    class MaxPCT(PCT):
+        def choose(self, n, ready, forced):
+            self.count += 1
+            if not forced and self.rng.random() < self.p_stop:
+                return 0
+            best = max(range(len(ready)), key=lambda i: (self._prio(ready[i]), -i))
+            if self.count in self.changes:
+                self.low -= 1.0
+                self.prio[ready[best]] = self.low
+            return best if forced else best + 1
+
+    names = ["schedule", "forward", "copy", "backup", "s4"]
+    picks = set()
+    for seed in range(40):
+        a, b = PCT(random.Random(seed), horizon=20), MaxPCT(random.Random(seed), horizon=20)
+        shape = random.Random(1000 + seed)
+        if seed % 4 == 0:           # ties: every stream at one priority
+            a.prio = dict.fromkeys(names, 1.5)
+            b.prio = dict.fromkeys(names, 1.5)
+        for _ in range(60):
+            ready = sorted(shape.sample(names, shape.randint(1, 5)), key=names.index)
+            forced = shape.random() < 0.3
+            n = len(ready) if forced else len(ready) + 1
+            c = a.choose(n, ready, forced)
+            assert c == b.choose(n, ready, forced)
+            assert a.rng.getstate() == b.rng.getstate() and a.prio == b.prio
+            picks.add(c)
+    assert len(picks) >= 4      # stops and several streams were picked
