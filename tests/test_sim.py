@@ -336,12 +336,13 @@ class _PlainSim:
                                       ("stalls", 0, (("copy", 20, 2000),)),
                                       ("stalls", 0, ())])
 def test_inlined_launch_and_kept_ready_list_are_the_plain_sim(schedule):
-    """``SimRuntime.launch``/``copy`` and event records and waits (the choice point's start,
-    the ``_raw_*`` steps and direct execution inlined) and a choice point that updates
-    its ready list after a retire instead of scanning again make the runs the plain sim
-    makes: the same decisions, retire trace, digest, findings and race reports, under
-    every schedule kind, with overlap, logical ranks (host flags), the forward thread
-    (host choices), faults that race, and the detector-less reference run."""
+    """``SimRuntime.launch``/``copy``, event records and waits, ``empty``/``free`` (the
+    choice point's start, the op site's lookup, the ``_raw_*`` steps and direct
+    execution inlined) and a choice point that updates its ready list after a retire
+    instead of scanning again make the runs the plain sim makes: the same decisions,
+    retire trace, digest, findings and race reports, under every schedule kind, with
+    overlap, logical ranks (host flags), the forward thread (host choices), faults that
+    race, and the detector-less reference run."""
     from overlapcheck.device.sim import SimRuntime
     from overlapcheck.engine import EngineConfig, generate
     from overlapcheck.run import Case, ScheduleSpec, execute

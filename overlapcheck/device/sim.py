@@ -26,6 +26,7 @@
 """
 from __future__ import annotations
 
+import sys
 from array import array
 from collections import deque
 from math import prod as _prod
@@ -42,6 +43,7 @@ from .sched import Strategy
 KERNEL, RECORD, WAIT, COPY = "kernel", "record", "wait", "copy"
 _dispatch_modes = torch._C._len_torch_dispatch_stack     # torch dispatch modes on now
 _Size = torch.Size
+_getframe = sys._getframe
 # torch dtypes whose fresh buffers are made in numpy (the same values and layout)
 _NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
               torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
@@ -138,7 +140,8 @@ class SimRuntime(Runtime):
                         and cls._raw_record is SimRuntime._raw_record
                         and cls._raw_wait is SimRuntime._raw_wait
                         and cls._enqueue is SimRuntime._enqueue and cls._now is SimRuntime._now
-                        and cls._clock is Runtime._clock)
+                        and cls._clock is Runtime._clock and cls._info is Runtime._info
+                        and cls._op_info is Runtime._op_info)
 
     # -- choice points ---------------------------------------------------------------
     def _ready(self, limit: Optional[Dict[int, int]] = None) -> List[Stream]:
@@ -258,11 +261,16 @@ class SimRuntime(Runtime):
         if self._pending:
             self._point_rest()
         self.launches += 1
-        info = self._info(name or getattr(fn, "__name__", "kernel"))
+        name = name or getattr(fn, "__name__", "kernel")
         det = self.det
         if det is None:
+            info = self._op_info(name, "?", False)      # ``_info`` without a detector
             declared = clock = None
         else:
+            f = _getframe(1)      # ``_info``'s lookup of the call site, inlined
+            code = f.f_code
+            hit = self._sites.get((name, id(code), f.f_lasti, False))
+            info = hit[1] if hit is not None and hit[0] is code else self._info(name)
             declared = self._declared(reads, writes)
             clock = det.enqueue(stream.ctx)
         q = stream.raw                       # ``_raw_launch``
@@ -303,11 +311,16 @@ class SimRuntime(Runtime):
             raise ValueError("copy between two host buffers: use host_write")
         host = dst if dspace != DEVICE else (src if sspace != DEVICE else None)
         blocking = host is not None and not (non_blocking and host.space == PINNED)
-        info = self._info(name or f"copy {src.name}->{dst.name}", True)
+        name = name or f"copy {src.name}->{dst.name}"
         det = self.det
         if det is None:     # the declaration only feeds the detector
+            info = self._op_info(name, "?", True)       # ``_info`` without a detector
             table = clock = None
         else:
+            f = _getframe(1)      # ``_info``'s lookup of the call site, inlined
+            code = f.f_code
+            hit = self._sites.get((name, id(code), f.f_lasti, True))
+            info = hit[1] if hit is not None and hit[0] is code else self._info(name, True)
             if src.mem == dst.mem:
                 table = {src.mem: [src, None, None]}
             else:
@@ -640,7 +653,17 @@ class SimRuntime(Runtime):
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
         """A device buffer allocated on ``stream`` (poison-filled when fresh, stale when
         the allocator hands back a freed block)."""
-        self._point()
+        if self._inline:
+            self.calls += 1                  # ``_point``'s start, inlined (as ``launch``)
+            if self._owed:
+                self._owed = False
+                self.choices.append(1)
+                if self._owed_exc is not None:
+                    self._settle_exc()
+            if self._pending:
+                self._point_rest()
+        else:
+            self._point()
         # a torch.Size holds ints already (most calls pass a buffer's shape)
         shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
         key = (stream.ctx, _prod(shape), dtype)
@@ -675,7 +698,17 @@ class SimRuntime(Runtime):
     def free(self, buf: Buffer) -> None:
         """Give ``buf`` back: device memory to its stream's pool (reused by a later
         allocation on that stream), host memory for good. Not an access."""
-        self._point()
+        if self._inline:
+            self.calls += 1                  # ``_point``'s start, inlined (as ``launch``)
+            if self._owed:
+                self._owed = False
+                self.choices.append(1)
+                if self._owed_exc is not None:
+                    self._settle_exc()
+            if self._pending:
+                self._point_rest()
+        else:
+            self._point()
         # Queued closures may still touch the memory: keep it attributable.
         self._unregister(buf, keep_lookup=True)
         if buf.space == DEVICE:
