@@ -653,17 +653,7 @@ class SimRuntime(Runtime):
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
         """A device buffer allocated on ``stream`` (poison-filled when fresh, stale when
         the allocator hands back a freed block)."""
-        if self._inline:
-            self.calls += 1                  # ``_point``'s start, inlined (as ``launch``)
-            if self._owed:
-                self._owed = False
-                self.choices.append(1)
-                if self._owed_exc is not None:
-                    self._settle_exc()
-            if self._pending:
-                self._point_rest()
-        else:
-            self._point()
+        self._point()
         # a torch.Size holds ints already (most calls pass a buffer's shape)
         shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
         key = (stream.ctx, _prod(shape), dtype)
@@ -698,17 +688,7 @@ class SimRuntime(Runtime):
     def free(self, buf: Buffer) -> None:
         """Give ``buf`` back: device memory to its stream's pool (reused by a later
         allocation on that stream), host memory for good. Not an access."""
-        if self._inline:
-            self.calls += 1                  # ``_point``'s start, inlined (as ``launch``)
-            if self._owed:
-                self._owed = False
-                self.choices.append(1)
-                if self._owed_exc is not None:
-                    self._settle_exc()
-            if self._pending:
-                self._point_rest()
-        else:
-            self._point()
+        self._point()
         # Queued closures may still touch the memory: keep it attributable.
         self._unregister(buf, keep_lookup=True)
         if buf.space == DEVICE:
