@@ -354,18 +354,11 @@ class SimRuntime(Runtime):
                 det.host_sync_stream(stream.ctx)
 
     def _record(self, event: Event, stream: Stream) -> None:
-        """``Runtime._record``, with ``_point``'s start, ``_raw_record``, ``_enqueue`` and
-        direct execution (``_now``: a record runs nothing) inlined, as ``launch``."""
+        """``Runtime._record``, with ``_raw_record``, ``_enqueue`` and direct execution
+        (``_now``: a record runs nothing) inlined, as ``launch``."""
         if not self._inline:
             return Runtime._record(self, event, stream)
-        self.calls += 1                      # ``_point``
-        if self._owed:
-            self._owed = False
-            self.choices.append(1)
-            if self._owed_exc is not None:
-                self._settle_exc()
-        if self._pending:
-            self._point_rest()
+        self._point()
         det = self.det
         clock = det.enqueue(stream.ctx) if det is not None else None
         q = stream.raw                       # ``_raw_record``, ``_enqueue``
@@ -387,18 +380,11 @@ class SimRuntime(Runtime):
             det.record(stream.ctx, event.id)
 
     def _wait_event(self, stream: Stream, event: Event) -> None:
-        """``Runtime._wait_event``, with ``_point``'s start, ``_raw_wait`` and direct
-        execution inlined, as ``launch``."""
+        """``Runtime._wait_event``, with ``_raw_wait`` and direct execution inlined, as
+        ``launch``."""
         if not self._inline:
             return Runtime._wait_event(self, stream, event)
-        self.calls += 1                      # ``_point``
-        if self._owed:
-            self._owed = False
-            self.choices.append(1)
-            if self._owed_exc is not None:
-                self._settle_exc()
-        if self._pending:
-            self._point_rest()
+        self._point()
         rec = event.last
         if rec is None:
             return  # CUDA: waiting on a never-recorded event is a no-op
