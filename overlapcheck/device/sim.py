@@ -210,15 +210,19 @@ class SimRuntime(Runtime):
                 i += 1
             return
         choose = strategy.choose
-        ready, names = [], []
-        for q in queues:
-            ops = q.ops
-            if ops:
-                head = ops[0]
-                if head.kind != WAIT or head.bound.retired:
-                    ready.append(q)
-                    names.append(q.name)
-        while ready:
+        ready = names = None
+        while True:
+            if ready is None:        # at the start, and after a record retired
+                ready, names = [], []
+                for q in queues:
+                    ops = q.ops
+                    if ops:
+                        head = ops[0]
+                        if head.kind != WAIT or head.bound.retired:
+                            ready.append(q)
+                            names.append(q.name)
+            if not ready:
+                return
             n = len(ready) + 1
             c = choose(n, names, False)
             if not 0 <= c < n:
@@ -230,14 +234,7 @@ class SimRuntime(Runtime):
             kind = q.ops[0].kind
             self._retire(q)
             if kind is RECORD:       # a record may release waits anywhere: scan again
-                ready, names = [], []
-                for q in queues:
-                    ops = q.ops
-                    if ops:
-                        head = ops[0]
-                        if head.kind != WAIT or head.bound.retired:
-                            ready.append(q)
-                            names.append(q.name)
+                ready = None
             else:                    # only this stream's head changed
                 ops = q.ops
                 if not ops or (ops[0].kind == WAIT and not ops[0].bound.retired):
