@@ -413,3 +413,100 @@ def test_pct_takes_the_first_ready_stream_of_the_highest_priority():
             assert a.rng.getstate() == b.rng.getstate() and a.prio == b.prio
             picks.add(c)
     assert len(picks) >= 4      # stops and several streams were picked
+
+
+def _reference_trace(case, rt):
+    """Parity's reference run of ``case`` on ``rt``: its result (or the exception it
+    raised), the runtime's counts, and every device allocation's name, memory and shape
+    (which block the allocator handed out: the same ones hold the same stale values)."""
+    from overlapcheck import targets
+    from overlapcheck.device.sched import Eager
+    target = targets.get(case.target)
+    allocs = []
+    empty = rt.empty
+
+    def spy(shape, dtype, name, stream):
+        buf = empty(shape, dtype, name, stream)
+        allocs.append((name, buf.mem, tuple(buf.t.shape)))
+        return buf
+
+    rt.empty = spy
+    session = target.open(target.reference_config(case.config), Eager(), None, detect=False,
+                          trace=False, runtime=rt)
+    try:
+        result = session.run(case.workload)
+    except Exception as e:  # noqa: BLE001 - compared as it is
+        result = f"{type(e).__name__}: {e}"
+    return result, rt.syncs, rt.launches, allocs
+
+
+def test_straight_runtime_is_the_eager_sim_on_reference_runs():
+    """Parity's reference run on ``StraightRuntime`` (each op at its host call, no choice
+    points) gives what the sim under the eager schedule without a detector gives, on the
+    fuzzer's cases of every model: the same result, syncs and launches, and every
+    allocation gets the same block (so the same stale contents); ``reference_run`` uses
+    it by default."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from overlapcheck.device.sched import Eager
+    from overlapcheck.device.sim import SimRuntime, StraightRuntime
+    from overlapcheck.fuzz.strategies import cases
+    from overlapcheck.run import driver
+    seen = {"runs": 0, "reused": 0, "failed": 0, "models": set()}
+
+    @settings(max_examples=120, phases=(Phase.generate,), database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(cases(models=("oracle", "tiny")))
+    def prop(case):
+        plain = _reference_trace(case, SimRuntime(Eager(), detect=False, access="declared"))
+        straight = _reference_trace(case, StraightRuntime())
+        assert straight == plain
+        assert driver.reference_run(case) == driver.reference_run(case, straight=False)
+        seen["runs"] += 1
+        seen["failed"] += isinstance(plain[0], str)
+        allocs = plain[3]
+        seen["reused"] += len(allocs) - len({mem for _, mem, _ in allocs})
+        seen["models"].add(case.config.model)
+
+    prop()
+    assert seen["runs"] == 120 and seen["reused"] > 1000   # stale blocks were compared
+    assert {"oracle", "tiny"} <= seen["models"]
+
+
+def test_straight_runtime_raises_a_closure_error_at_the_next_host_call_as_the_sim():
+    """A closure's exception comes out at the next host call, as under the eager sim's
+    direct execution; a blocking copy's at the copy; counts and allocator knowledge as
+    the sim's."""
+    from overlapcheck.device.sched import Eager
+    from overlapcheck.device.sim import SimRuntime, StraightRuntime
+
+    def boom(t):
+        raise ZeroDivisionError("boom")
+
+    def run(rt):
+        seen = []
+        s, c = rt.new_stream("s"), rt.new_stream("c")
+        dev = rt.empty((4,), torch.int64, "d", s)
+        pin = rt.host_empty((4,), torch.int64, "p")
+        rt.launch(s, boom, dev.t)
+        seen.append("launched")
+        try:
+            rt.host_write(pin, [1, 2, 3, 4])
+        except ZeroDivisionError as e:
+            seen.append(str(e))
+        rt.host_write(pin, [1, 2, 3, 4])                # the failed call wrote nothing
+        rt.copy(dev, pin, s, non_blocking=True)
+        c.wait_stream(s)
+        rt.record_stream(dev, c)
+        rt.free(dev)
+        again = rt.empty((4,), torch.int64, "d", s)     # c's work is not known done: fresh
+        c.synchronize()
+        third = rt.empty((4,), torch.int64, "d", s)     # now it is: the stale block
+        rt.copy(pin, third, s)                          # blocking
+        seen.append((again.mem != dev.mem, third.mem == dev.mem, rt.host_list(pin),
+                     rt.syncs, rt.launches))
+        return seen
+
+    plain = run(SimRuntime(Eager(), detect=False, access="declared"))
+    assert plain == ["launched", "boom", (True, True, [1, 2, 3, 4], 2, 1)]
+    assert run(StraightRuntime()) == plain

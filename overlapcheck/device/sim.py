@@ -742,3 +742,187 @@ class SimRuntime(Runtime):
         self._enqueue(stream, KERNEL, clock, info, out.copy_, (buf.t,), None, table, None,
                       True)
         return out
+
+
+class StraightRuntime(SimRuntime):
+    """The sim under the eager schedule with no detector and no trace, run straight
+    through: parity's reference run (docs/design.md §6.4). There, every op the host
+    queues runs at its host call, in the order the host queues it: direct execution
+    runs a launch, a non-blocking copy, a record and a wait on a recorded event at once
+    (the eager strategy retires all of it at the next choice point), and a blocking
+    copy or a read to the host is retired by its own synchronization. So no choice
+    point of that run ever finds work queued: it decides nothing but the decision it
+    owes. What is left of the sim, and what this runtime keeps, is:
+
+    * the order of the work and the values it computes (each op runs at its call);
+    * ``syncs`` and ``launches``, counted as the sim counts them;
+    * a closure's exception, raised at the next host call (the sim's owed decision);
+    * the allocator: a freed block goes back to its stream's pool and is handed, with
+      its old contents, to the next allocation that matches, once the host knows the
+      streams pledged to it finished the work queued by the free. The knowledge comes
+      from the same places (synchronizations, queries, the waits between streams), so
+      every allocation gets the block the sim would give it.
+
+    It records no choices (``replayable`` is off: a run of it has none to replay), no
+    trace, and has no host flags (the reference config runs one rank). A test runs it
+    against the plain sim under the eager schedule on the fuzzer's cases
+    (``tests/test_sim.py``)."""
+
+    replayable = False
+    host_flags = False
+
+    def __init__(self):
+        from .sched import Eager
+        super().__init__(Eager(), detect=False, access="declared")
+
+    def _point(self) -> None:
+        """A host call: the exception of work run at its call comes out here."""
+        if self._owed_exc is not None:
+            self._settle_exc()
+
+    def launch(self, stream: Stream, fn, *args, name: Optional[str] = None, reads=None,
+               writes=None, **kwargs) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        self.launches += 1
+        stream.raw.enq += 1
+        try:
+            self._call(fn, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - raised at the next host call, as the sim does
+            self._owed_exc = e
+
+    def copy(self, dst: Buffer, src: Buffer, stream: Stream, non_blocking: bool = False,
+             name: Optional[str] = None) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        dspace, sspace = dst.space, src.space
+        if dspace != DEVICE and sspace != DEVICE:
+            raise ValueError("copy between two host buffers: use host_write")
+        host = dst if dspace != DEVICE else (src if sspace != DEVICE else None)
+        q = stream.raw
+        q.enq += 1
+        if host is not None and not (non_blocking and host.space == PINNED):   # blocking
+            self.syncs += 1
+            self._copy(dst, src)
+            self._learn(q.ctx, q.enq)
+            return
+        try:
+            self._copy(dst, src)
+        except Exception as e:  # noqa: BLE001 - raised at the next host call, as the sim does
+            self._owed_exc = e
+
+    def to_host(self, buf: Buffer, stream: Stream):
+        from .api import check_space
+        check_space(buf, (DEVICE,), "to_host")
+        if self._owed_exc is not None:
+            self._settle_exc()
+        q = stream.raw
+        q.enq += 1
+        out = torch.empty_like(buf.t)
+        self.syncs += 1
+        out.copy_(buf.t)
+        self._learn(q.ctx, q.enq)
+        return out
+
+    # a record is kept as (its stream's ctx, that stream's ops up to and including it)
+    def _record(self, event: Event, stream: Stream) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        q = stream.raw
+        q.enq += 1
+        event.last = (q.ctx, q.enq)
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        rec = event.last
+        if rec is None:
+            return  # CUDA: waiting on a never-recorded event is a no-op
+        q = stream.raw
+        q.waits.append((q.enq, rec[0], rec[1]))
+        q.enq += 1
+
+    def _query(self, event: Event) -> bool:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        rec = event.last
+        if rec is not None:
+            self._learn(rec[0], rec[1])
+        return True
+
+    def _sync_event(self, event: Event) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        self.syncs += 1
+        rec = event.last
+        if rec is not None:
+            self._learn(rec[0], rec[1])
+
+    def _sync_stream(self, stream: Stream) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        self.syncs += 1
+        q = stream.raw
+        self._learn(q.ctx, q.enq)
+
+    def synchronize(self) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        self.syncs += 1
+        for s in self.streams:
+            self._learn(s.ctx, s.raw.enq)
+
+    def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
+        """``SimRuntime.empty``, the same block for the same call (a stale one where the
+        sim reuses one, else a fresh poison-filled one), registered without its storage
+        address: only the detector's access inference looks buffers up by it."""
+        if self._owed_exc is not None:
+            self._settle_exc()
+        shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
+        t = None
+        blocks = self._pool.get((stream.ctx, _prod(shape), dtype))
+        if blocks:
+            qs = self._q
+            for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
+                old, m, pledges, _ = blocks[i]
+                for ctx, upto in pledges:
+                    if qs[ctx].known < upto:
+                        break
+                else:
+                    del blocks[i]
+                    t = old if old.shape == shape else old.view(shape)
+                    mem = m
+                    break
+        if t is None:
+            t, mem = self._fresh(shape, dtype, DEVICE)
+        self._serial += 1
+        live = self._live
+        live[name] = live.get(name, 0) + 1
+        return Buffer(name, t, DEVICE, mem, self._serial, stream)
+
+    def free(self, buf: Buffer) -> None:
+        """``SimRuntime.free`` of a buffer ``empty`` or ``host_empty`` made."""
+        if self._owed_exc is not None:
+            self._settle_exc()
+        self._unregister(buf, keep_lookup=True)
+        if buf.space == DEVICE:
+            t = buf.t
+            key = (buf.stream.ctx, t.numel(), t.dtype)
+            qs = self._q
+            pledges = [(s.ctx, qs[s.ctx].enq) for s in buf.pledged]
+            blocks = self._pool.get(key)
+            if blocks is None:
+                blocks = self._pool[key] = []
+            blocks.append((t, buf.mem, pledges, None))
+
+    def host_choice(self, names) -> int:
+        """The eager schedule's forced decision: the first runnable thread."""
+        if self._owed_exc is not None:
+            self._settle_exc()
+        return 0
+
+    def new_flag(self, name: str):
+        raise RuntimeError("the straight runtime has no host flags")
+
+    def wait_flag(self, stream: Stream, flag) -> None:
+        raise RuntimeError("the straight runtime has no host flags")

@@ -100,14 +100,21 @@ def checker_names(case: Case) -> List[str]:
     return list(case.checks) or names_for(case.target)
 
 
-def reference_run(case: Case, model=None, device: Optional[str] = None) -> RunResult:
+def reference_run(case: Case, model=None, device: Optional[str] = None,
+                  straight: bool = True) -> RunResult:
     """The parity reference of ``case``: its workload on the target's reference config,
     eager, no detector, no checker; on the target's default device, or ``device``
-    (``Target.reference_device``)."""
+    (``Target.reference_device``). On the default device, a target's straight runtime
+    (``Target.straight_runtime``) runs it where it has one, unless ``straight`` is off:
+    the same ``RunResult`` at less cost (docs/design.md §6.4)."""
     target = targets.get(case.target)
     options = {"model": model} if model is not None else {}
     if device is not None:
         options["device"] = device
+    elif straight:
+        rt = target.straight_runtime()
+        if rt is not None:
+            options["runtime"] = rt
     session = target.open(target.reference_config(case.config), Eager(), None,
                           detect=False, trace=False, **options)
     try:

@@ -172,6 +172,12 @@ class Target:
         golden model) must compute on, when not their default: None (the default)."""
         return None
 
+    def straight_runtime(self):
+        """A runtime of the target's default device that runs parity's reference run
+        (eager, no detector, no trace, no observer) straight through, with the same
+        result as the default device's (``run.driver.reference_run``); None: none."""
+        return None
+
     def check_workload(self, workload, cfg) -> None:
         """``overlapcheck.engine.WorkloadError`` (one line) when ``workload`` does not fit
         ``cfg`` beyond its ``max_context`` (which every workload is parsed against)."""

@@ -86,6 +86,12 @@ class ReferenceTarget(Target):
             return None
         return device
 
+    def straight_runtime(self):
+        """The sim's ``StraightRuntime``: no choice point of an eager run without a
+        detector has work to decide on, so it runs each op at its host call."""
+        from ..device.sim import StraightRuntime
+        return StraightRuntime()
+
     def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
              model=None, runtime=None, access="declared", detect=True, engine=None,
              trace=False, graphs=False, **options) -> ReferenceSession:
