@@ -58,6 +58,7 @@ import torch
 import gpu_observe as obs
 import steady
 from fake_models import make_model
+from fake_models.hf import kernels
 from overlapcheck import engine as E
 from overlapcheck.device import check_available, device_info
 from overlapcheck.device import make_runtime
@@ -520,6 +521,9 @@ def main() -> None:
     ap.add_argument("--graphs", default="on", choices=("on", "off"),
                     help="cuda: replay the model calls from CUDA graphs (the detector takes "
                          "declared accesses)")
+    ap.add_argument("--pdl", default="auto", choices=("auto", "on", "off"),
+                    help="cuda: programmatic dependent launch of the model's Triton kernels "
+                         "(auto: on cards of compute capability 9 and up)")
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
     ap.add_argument("--profile-below", type=float, default=1.10)
     ap.add_argument("--out", default="bench-out", help="folder for gpu_overlap.json and profiles")
@@ -541,6 +545,9 @@ def main() -> None:
     except RuntimeError as e:
         ap.error(str(e))
     info = device_info(args.device)
+    if args.pdl == "on" and not (info.gpu and torch.cuda.get_device_capability()[0] >= 9):
+        ap.error("--pdl on: programmatic dependent launch needs a card of compute capability 9+")
+    args.pdl = kernels.set_pdl({"auto": None, "on": True, "off": False}[args.pdl])
     if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
     if args.repeat % 2:
@@ -549,7 +556,8 @@ def main() -> None:
     t0 = time.perf_counter()
     doc = {"device": args.device, "gpu": obs.gpu_info(args.device),
            "torch": torch.__version__, "args": {k: v for k, v in vars(args).items()}, "configs": []}
-    print(obs.gpu_line(doc["gpu"]))
+    print(obs.gpu_line(doc["gpu"]) + (f", dependent launch {'on' if args.pdl else 'off'}"
+                                      if info.gpu else ""))
     print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s median [min-max]':>27s} {'steps/s':>8s} {'syncs':>6s} "
           f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")
     print("  per steady step: syncs = the runtime's count, hidden = beyond the declared waits, "

@@ -265,3 +265,60 @@ def test_engine_on_triton_kernels_keeps_parity_and_golden(model, kind):
         assert out.status == "completed", out.status
         assert not out.findings, out.findings[0].text
         assert out.result.summary.verifies > 0
+
+
+def _model_outputs(m, lens, seed=5):
+    """KV rows and logits of requests of ``lens`` written and read in one batch."""
+    g = torch.Generator().manual_seed(seed)
+    width = 32
+    kvb = torch.zeros(len(lens) * width + 1, m.kv_width, device="cuda")
+    table = (torch.arange(len(lens) * width).reshape(len(lens), width) + 1).cuda()
+    toks = torch.cat([torch.randint(0, m.vocab, (n,), generator=g) for n in lens]).cuda()
+    rows = torch.cat([torch.full((n,), r) for r, n in enumerate(lens)]).cuda()
+    pos = torch.cat([torch.arange(n) for n in lens]).cuda()
+    ctx = torch.tensor(lens).cuda()
+    which = torch.arange(len(lens)).cuda()
+
+    def forward():
+        kvb.zero_()
+        m.write_kv(kvb, table, rows, pos, toks, rows.clone())
+        return m.target_logits(kvb, table, which, ctx)
+    return kvb, forward
+
+
+def test_dependent_launches_change_no_bit(T):
+    """Programmatic dependent launch (on by default on cards of compute capability 9 and
+    up) lets a kernel's programs wait on the card for the kernel before it: a model's KV
+    rows and logits with it, eager and replayed from a CUDA graph, equal those of plain
+    launches bit for bit; on such a card the compiled kernels do wait."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("no programmatic dependent launch before compute capability 9")
+    m = make_model("random:tiny-qwen3")
+    lens = [5, 17, 1, 30, 9, 22, 2, 12]
+    was = T.pdl()
+    try:
+        T.set_pdl(False)
+        kv, forward = _model_outputs(m, lens)
+        plain = forward().clone()
+        plain_kv = kv.clone()
+        T.set_pdl(True)
+        eager = forward().clone()
+        assert torch.equal(kv, plain_kv) and torch.equal(eager, plain)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            forward()                        # compiled and warm before the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward()
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(kv, plain_kv) and torch.equal(out, plain)
+        x = torch.randn(3, 64, device="cuda")
+        k = T._rms_kernel[(3,)](x, torch.ones(64, device="cuda"), torch.empty_like(x), 3, 64,
+                                1e-6, BLOCK=64, **T._gdc())
+        assert "griddepcontrol.wait" in k.asm["ptx"]
+    finally:
+        T.set_pdl(was)

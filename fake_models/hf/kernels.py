@@ -40,3 +40,14 @@ def for_device(device):
 def exact_on(device) -> bool:
     """Whether ``device`` runs the exact path (the same bits as the CPU)."""
     return for_device(device) is ops
+
+
+def set_pdl(on) -> bool:
+    """Programmatic dependent launch of the Triton kernels (``triton_ops.pdl``): on
+    (True), off (False) or by the card (None); whether it is on now (False without
+    Triton)."""
+    fast = _triton()
+    if fast is None:
+        return False
+    fast.set_pdl(on)
+    return fast.pdl()

@@ -36,6 +36,36 @@ from .ops import rope_tables  # noqa: F401  (the same on both paths)
 BW = 32                          # attention positions per block
 WIDE_ROWS = 32                   # calls of more rows take a tile's wide_bm rows per program
 
+_PDL = None                      # programmatic dependent launch: None = decide on first launch
+
+
+def pdl() -> bool:
+    """Whether the kernels launch with programmatic dependent launch (docs/design.md
+    §4.10): on cards of compute capability 9 and up, a kernel's programs may be placed on
+    the card while the kernel before it on its stream still runs; each waits there
+    (``_after_prior``) until that kernel is done and its writes are visible. It hides the
+    seam between back-to-back kernels, not an ordering: every kernel still reads only
+    finished results. ``set_pdl`` overrides the choice."""
+    global _PDL
+    if _PDL is None:
+        _PDL = (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+                and hasattr(tl.extra.cuda, "gdc_wait"))
+    return _PDL
+
+
+def _gdc() -> dict:
+    """A launch's arguments for ``pdl()``: the kernel's ``GDC`` and Triton's launch flag."""
+    on = pdl()
+    return {"GDC": on, "launch_pdl": on}
+
+
+def set_pdl(on) -> None:
+    """Launch with (True) or without (False) programmatic dependent launch, or decide
+    by the card (None). Graphs captured before keep the launches they were captured
+    with."""
+    global _PDL
+    _PDL = None if on is None else bool(on)
+
 
 class Tile:
     """How ``linear`` and ``gated`` stream one weight: rows per program (``bm`` for a
@@ -126,6 +156,17 @@ def prepare(w):
 
 
 @triton.jit
+def _after_prior(GDC: tl.constexpr):
+    """Launched with programmatic dependent launch (``GDC``): wait until the kernel
+    before this one on its stream is done and its writes are visible, then let the next
+    kernel's programs be placed (they wait here the same way). First in every kernel:
+    nothing is read before it."""
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _inv_rms(x_ptr, rm, M, K, sx, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """``1 / sqrt(mean(x[rm]**2) + eps)`` per row: each row's sum of squares over blocks
     of ``BLOCK_K`` columns in a fixed order (nothing another row can change)."""
@@ -203,9 +244,10 @@ def _epilogue(y, b_ptr, r_ptr, y_ptr, rm, rn, M, N, sy, HAS_B: tl.constexpr,
 def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
                    HAS_B: tl.constexpr, HAS_R: tl.constexpr, NORM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT: tl.constexpr, SPAN: tl.constexpr):
+                   SPLIT: tl.constexpr, SPAN: tl.constexpr, GDC: tl.constexpr):
     """The matmul and its epilogue; split, only range ``program_id(2)``'s partial sums
     into ``y_ptr`` (``[split, M, N]``), the epilogue left to ``_split_linear_kernel``."""
+    _after_prior(GDC)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -223,7 +265,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn
 @triton.jit(do_not_specialize=["M"])
 def _split_linear_kernel(p_ptr, b_ptr, r_ptr, y_ptr, M, N, sy, HAS_B: tl.constexpr,
                          HAS_R: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+                         BLOCK_N: tl.constexpr, GDC: tl.constexpr):
+    _after_prior(GDC)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     y = _sum_parts(p_ptr, rm, rn, M, N, SPLIT)
@@ -238,10 +281,12 @@ def _silu_mul(g, u):
 @triton.jit(do_not_specialize=["M"])
 def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, eps,
                   NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr):
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr,
+                  GDC: tl.constexpr):
     """Both products and ``silu(g) * u``; split, range ``program_id(2)``'s partial sums
     of ``g`` and of ``u`` into ``y_ptr`` (``[2, split, M, N]``), for
     ``_split_gated_kernel``."""
+    _after_prior(GDC)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -262,7 +307,8 @@ def _gated_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sx, sk, sn, sy, ep
 
 @triton.jit(do_not_specialize=["M"])
 def _split_gated_kernel(p_ptr, y_ptr, M, N, sy, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
+                        BLOCK_N: tl.constexpr, GDC: tl.constexpr):
+    _after_prior(GDC)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     g = _sum_parts(p_ptr, rm, rn, M, N, SPLIT)
@@ -302,13 +348,13 @@ def linear(x: torch.Tensor, w, b=None, residual=None, norm=None, eps: float = 0.
                              w.sk, w.sn, y.stride(0), float(eps),
                              HAS_B=bias is not None, HAS_R=r is not None, NORM=nw is not None,
                              BLOCK_M=bm, BLOCK_N=t.bn, BLOCK_K=t.bk, SPLIT=t.split,
-                             SPAN=t.span(din), num_warps=t.warps, num_stages=t.stages)
+                             SPAN=t.span(din), num_warps=t.warps, num_stages=t.stages, **_gdc())
         if t.split > 1:
             grid = (triton.cdiv(m, SUM_M), triton.cdiv(dout, SUM_N))
             _split_linear_kernel[grid](part, y if bias is None else bias,
                                        y if r is None else r, y, m, dout, y.stride(0),
                                        HAS_B=bias is not None, HAS_R=r is not None,
-                                       SPLIT=t.split, BLOCK_M=SUM_M, BLOCK_N=SUM_N)
+                                       SPLIT=t.split, BLOCK_M=SUM_M, BLOCK_N=SUM_N, **_gdc())
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -332,11 +378,11 @@ def gated(x: torch.Tensor, wg, wu, norm=None, eps: float = 0.0) -> torch.Tensor:
                             flat.stride(0), wg.sk, wg.sn, y.stride(0), float(eps),
                             NORM=nw is not None, BLOCK_M=bm, BLOCK_N=t.bn, BLOCK_K=t.bk,
                             SPLIT=t.split, SPAN=t.span(din), num_warps=t.warps,
-                            num_stages=t.stages)
+                            num_stages=t.stages, **_gdc())
         if t.split > 1:
             grid = (triton.cdiv(m, SUM_M), triton.cdiv(dout, SUM_N))
             _split_gated_kernel[grid](part, y, m, dout, y.stride(0), SPLIT=t.split,
-                                      BLOCK_M=SUM_M, BLOCK_N=SUM_N)
+                                      BLOCK_M=SUM_M, BLOCK_N=SUM_N, **_gdc())
     return y.reshape(*x.shape[:-1], dout)
 
 
@@ -346,7 +392,8 @@ def norm_gated(h: torch.Tensor, ln, eps: float, wg, wu) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["R"])
-def _rms_kernel(x_ptr, w_ptr, y_ptr, R, D, eps, BLOCK: tl.constexpr):
+def _rms_kernel(x_ptr, w_ptr, y_ptr, R, D, eps, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    _after_prior(GDC)
     r = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     ok = d < D
@@ -364,7 +411,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty_like(flat)
     if flat.shape[0]:
         _rms_kernel[(flat.shape[0],)](flat, w.float().contiguous(), y, flat.shape[0], d,
-                                      float(eps), BLOCK=triton.next_power_of_2(d))
+                                      float(eps), BLOCK=triton.next_power_of_2(d), **_gdc())
     return y.reshape(x.shape)
 
 
@@ -375,7 +422,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 @triton.jit(do_not_specialize=["R"])
 def _rope_store_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, kv_ptr, slot_ptr, R, heads, nq,
                        nkv, sx, skv, kcol, HALF, woff, eps, NORM: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, GDC: tl.constexpr):
     """Every head vector of a token's Q, K and V heads (``nq``, ``nkv``, ``nkv``), one per
     program (row ``r`` is head ``r % heads`` of token ``r // heads``; a token's heads are
     ``sx`` apart): Q heads (RMSNorm, when ``NORM``, weight at ``w_ptr``, then) rotate-half
@@ -383,6 +430,7 @@ def _rope_store_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, kv_ptr, slot_ptr
     as they are, go to the token's slot of the paged KV (``kv[slot, kcol:]``, K then V),
     which may be the rows they came from. The only RoPE kernel: a head's bits never
     depend on where it goes."""
+    _after_prior(GDC)
     r = tl.program_id(0)
     t = r // heads
     h = r % heads
@@ -496,7 +544,7 @@ def _rope_store(y, norm, nq: int, nkv: int, head_dim: int, eps, pos, cos, sin, k
             y, pos.contiguous(), cos, sin, y if norm is None else norm, kv, slots.contiguous(),
             t * heads, heads, nq, nkv, y.stride(0), kv.stride(0), kcol, head_dim // 2,
             head_dim if nq and norm is not None and norm.numel() > head_dim else 0, float(eps),
-            NORM=norm is not None, BLOCK=triton.next_power_of_2(head_dim // 2))
+            NORM=norm is not None, BLOCK=triton.next_power_of_2(head_dim // 2), **_gdc())
 
 
 def query(h, L: dict, eps: float, n_heads: int, head_dim: int, pos, cos, sin):
@@ -520,9 +568,10 @@ ARGMAX_BLOCK = 4096              # logits per argmax program (a row's blocks, in
 
 @triton.jit(do_not_specialize=["n"])
 def _argmax_parts_kernel(x_ptr, val_ptr, idx_ptr, n, vocab, sx, NB,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, GDC: tl.constexpr):
     """Per (row, block of ``BLOCK`` logits): the block's largest logit and the first
     column holding it."""
+    _after_prior(GDC)
     r = tl.program_id(0)
     b = tl.program_id(1)
     cols = b * BLOCK + tl.arange(0, BLOCK)
@@ -535,11 +584,12 @@ def _argmax_parts_kernel(x_ptr, val_ptr, idx_ptr, n, vocab, sx, NB,
 @triton.jit(do_not_specialize=["n"])
 def _sample_kernel(val_ptr, idx_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab, NB,
                    M: tl.constexpr, PERCENT: tl.constexpr, BLOCK: tl.constexpr,
-                   BLOCK_B: tl.constexpr):
+                   BLOCK_B: tl.constexpr, GDC: tl.constexpr):
     """``ops.sample`` for ``BLOCK`` rows from their blocks' maxima: the greedy token (the
     first column of the row's largest logit, as ``argmax``), then the integer tail: the
     seeded token, a pure function of (seed, position, greedy token), where ``seeded``
     says so."""
+    _after_prior(GDC)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     bb = tl.arange(0, BLOCK_B)
@@ -577,19 +627,20 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
         val = torch.empty((n, nb), dtype=rows.dtype, device=rows.device)
         idx = torch.empty((n, nb), dtype=torch.int64, device=rows.device)
         _argmax_parts_kernel[(n, nb)](rows, val, idx, n, width, rows.stride(0), nb,
-                                      BLOCK=ARGMAX_BLOCK, num_warps=8)
+                                      BLOCK=ARGMAX_BLOCK, num_warps=8, **_gdc())
         flat = lambda t: torch.broadcast_to(t, shape).reshape(-1).contiguous()  # noqa: E731
         _sample_kernel[(triton.cdiv(n, 32),)](
             val, idx, flat(seeds).long(), flat(positions).long(),
             flat(seeded).to(torch.int8), out.view(-1), n, vocab, nb, M=modulus,
-            PERCENT=percent, BLOCK=32, BLOCK_B=triton.next_power_of_2(nb))
+            PERCENT=percent, BLOCK=32, BLOCK_B=triton.next_power_of_2(nb), **_gdc())
     return out
 
 
 @triton.jit(do_not_specialize=["n"])
 def _attend_kernel(q_ptr, kv_ptr, table_ptr, rows_ptr, last_ptr, o_ptr, n, stable, skv, kcol,
                    vcol, HD, scale, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+    _after_prior(GDC)
     i = tl.program_id(0)
     g = tl.program_id(1)
     heads = tl.num_programs(1) * GROUP
@@ -656,5 +707,5 @@ def attend(q: torch.Tensor, kv: torch.Tensor, cols, ctx: Context, _mask,
             q.float().contiguous(), kv, ctx.table, ctx.rows, ctx.last, out, n,
             ctx.table.stride(0), kv.stride(0), cols[0], cols[1], hd, 1.0 / math.sqrt(hd),
             GROUP=group, BLOCK_G=max(2, triton.next_power_of_2(group)), BLOCK_W=BW,
-            BLOCK_D=triton.next_power_of_2(hd))
+            BLOCK_D=triton.next_power_of_2(hd), **_gdc())
     return out
