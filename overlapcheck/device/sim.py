@@ -407,6 +407,41 @@ class SimRuntime(Runtime):
         if det is not None:
             det.wait(stream.ctx, event.id)
 
+    def host_list(self, buf: Buffer, rows=None) -> list:
+        """``Runtime.host_list``, with ``_point``'s start inlined, as ``launch``."""
+        if not self._inline:
+            return Runtime.host_list(self, buf, rows)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        r = self._host_rows(buf, rows, False, "host_view")
+        if r is None:
+            try:
+                return self._host_array(buf.t).tolist()
+            except (TypeError, RuntimeError):   # a dtype numpy lacks (bfloat16)
+                pass
+        return self._read_rows(buf, r).tolist()
+
+    def host_write(self, buf: Buffer, values, rows=None) -> None:
+        """``Runtime.host_write``, with ``_point``'s start inlined, as ``launch``."""
+        if not self._inline:
+            return Runtime.host_write(self, buf, values, rows)
+        self.calls += 1                      # ``_point``
+        if self._owed:
+            self._owed = False
+            self.choices.append(1)
+            if self._owed_exc is not None:
+                self._settle_exc()
+        if self._pending:
+            self._point_rest()
+        self._host_rows(buf, rows, True, "host_write")
+        self._write_rows(buf, values, rows)
+
     def _settle_exc(self) -> None:
         """The choice point after work ran at once retires that work, the only work
         queued (decision 1: ``_point`` records it), and the work's exception comes out
@@ -914,6 +949,30 @@ class StraightRuntime(SimRuntime):
             if blocks is None:
                 blocks = self._pool[key] = []
             blocks.append((t, buf.mem, pledges, None))
+
+    def host_list(self, buf: Buffer, rows=None) -> list:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        if buf.space != PINNED and buf.space != PAGEABLE:
+            from .api import check_space
+            check_space(buf, (PINNED, PAGEABLE), "host_view")
+        if rows is None:
+            try:
+                return self._host_array(buf.t).tolist()
+            except (TypeError, RuntimeError):   # a dtype numpy lacks (bfloat16)
+                pass
+            return self._read_rows(buf, None).tolist()
+        return self._read_rows(buf, frozenset(map(int, rows))).tolist()
+
+    def host_write(self, buf: Buffer, values, rows=None) -> None:
+        if self._owed_exc is not None:
+            self._settle_exc()
+        if buf.space != PINNED and buf.space != PAGEABLE:
+            from .api import check_space
+            check_space(buf, (PINNED, PAGEABLE), "host_write")
+        if rows is not None:
+            frozenset(map(int, rows))       # rows the sim takes (its error for one it cannot)
+        self._write_rows(buf, values, rows)
 
     def host_choice(self, names) -> int:
         """The eager schedule's forced decision: the first runnable thread."""
