@@ -35,6 +35,7 @@ def test_gpu_overlap_bench_sim_smoke(tmp_path):
     assert c["overlap_speedup"] > 0 and c["checked_ratio"] > 0
     assert c["overlap_speedup_spread"]["median"] == c["overlap_speedup"]
     assert 2 <= c["warm_up"]["rounds"] <= 4 and doc["gpu"] is None
+    assert doc["args"]["pdl"] is False       # no card: plain launches
     assert (c["window_steps"], c["windows"]) == (2, 2) and c["row_width"] % 4 == 0
     assert set(c["profiles"]) == {"overlap", "non-overlap"}
     for path in c["profiles"].values():
@@ -56,3 +57,13 @@ def test_gpu_overlap_bench_runs_one_mode_after_another(tmp_path):
     assert not c["interleave"] and set(c["modes"]) == {"overlap", "checked"}
     assert c["modes"]["checked"]["timed_tokens"] == c["modes"]["overlap"]["timed_tokens"] > 0
     assert c["checked_ratio"] > 0 and "windows interleaved" not in r.stdout
+
+
+def test_gpu_overlap_bench_refuses_dependent_launch_without_a_card_for_it():
+    """``--pdl on`` where no card can launch that way: a one-line error, exit 2, nothing
+    run; ``auto`` (the default) records what it chose."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_overlap.py"), "--device", "sim",
+                        "--pdl", "on"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 2 and "--pdl on" in r.stderr.splitlines()[-1], r.stderr
+    assert "model" not in r.stdout
