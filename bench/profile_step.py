@@ -84,6 +84,10 @@ def _kernel(self, fn, args, kwargs, declared, ctx, clock, op, *rest, **kw):
     return "closure " + re.sub(r"^next_|\d+$", "", op.name)
 
 
+def _fn_kernel(self, fn, args, kwargs):
+    return "closure " + re.sub(r"^next_|\d+$", "", getattr(fn, "__name__", "kernel"))
+
+
 def install(t: Timers, by_kernel: bool) -> None:
     from invariants.base import Checker
     from overlapcheck.device import api, sim
@@ -107,10 +111,12 @@ def install(t: Timers, by_kernel: bool) -> None:
     for name in ("launch", "copy", "_record", "_wait_event", "_query", "_sync_event",
                  "_sync_stream", "synchronize", "record_stream", "transfer", "host_view", "host_list",
                  "host_write", "to_host", "empty", "free", "host_empty", "_point"):
-        for cls in (api.Runtime, sim.SimRuntime):
+        for cls in (api.Runtime, sim.SimRuntime, sim.StraightRuntime):
             if name in vars(cls):
                 t.wrap(cls, name, "runtime (calls, choice points, retire)")
     t.wrap(api.Runtime, "_run_closure", _kernel if by_kernel else "closures (kernels, model)")
+    # the straight runtime (parity's reference run) runs a closure without _run_closure
+    t.wrap(sim.StraightRuntime, "_call", _fn_kernel if by_kernel else "closures (kernels, model)")
     for name in ("_feed", "_declared", "_host_access", "_check_declared"):
         t.wrap(api.Runtime, name, "detector feed (declarations)")
     for name, fn in vars(detector.Detector).items():
