@@ -407,41 +407,6 @@ class SimRuntime(Runtime):
         if det is not None:
             det.wait(stream.ctx, event.id)
 
-    def host_list(self, buf: Buffer, rows=None) -> list:
-        """``Runtime.host_list``, with ``_point``'s start inlined, as ``launch``."""
-        if not self._inline:
-            return Runtime.host_list(self, buf, rows)
-        self.calls += 1                      # ``_point``
-        if self._owed:
-            self._owed = False
-            self.choices.append(1)
-            if self._owed_exc is not None:
-                self._settle_exc()
-        if self._pending:
-            self._point_rest()
-        r = self._host_rows(buf, rows, False, "host_view")
-        if r is None:
-            try:
-                return self._host_array(buf.t).tolist()
-            except (TypeError, RuntimeError):   # a dtype numpy lacks (bfloat16)
-                pass
-        return self._read_rows(buf, r).tolist()
-
-    def host_write(self, buf: Buffer, values, rows=None) -> None:
-        """``Runtime.host_write``, with ``_point``'s start inlined, as ``launch``."""
-        if not self._inline:
-            return Runtime.host_write(self, buf, values, rows)
-        self.calls += 1                      # ``_point``
-        if self._owed:
-            self._owed = False
-            self.choices.append(1)
-            if self._owed_exc is not None:
-                self._settle_exc()
-        if self._pending:
-            self._point_rest()
-        self._host_rows(buf, rows, True, "host_write")
-        self._write_rows(buf, values, rows)
-
     def _settle_exc(self) -> None:
         """The choice point after work ran at once retires that work, the only work
         queued (decision 1: ``_point`` records it), and the work's exception comes out
@@ -674,12 +639,23 @@ class SimRuntime(Runtime):
         self._point()
         # a torch.Size holds ints already (most calls pass a buffer's shape)
         shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
-        key = (stream.ctx, _prod(shape), dtype)
-        t = mem = ptr = None
+        got = self._reuse((stream.ctx, _prod(shape), dtype), shape)
+        if got is None:
+            t, mem = self._fresh(shape, dtype, DEVICE)
+            ptr = None
+        else:
+            t, mem, ptr = got
+        self._serial += 1
+        return self._register(Buffer(name, t, DEVICE, mem, self._serial, stream), ptr)
+
+    def _reuse(self, key, shape):
+        """A freed block of ``key`` (stream, elements, dtype) the host may hand out now
+        (every stream it was promised to is known to be past the free), the most recently
+        freed first: (tensor, memory id, storage address), or None."""
         blocks = self._pool.get(key)
         if blocks:
             qs = self._q
-            for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
+            for i in range(len(blocks) - 1, -1, -1):
                 old, m, pledges, p = blocks[i]
                 for ctx, upto in pledges:
                     if qs[ctx].known < upto:
@@ -689,13 +665,8 @@ class SimRuntime(Runtime):
                     # the freed buffer's own tensor when the shape is the same (closures
                     # never change a tensor's shape, so it is as good as a new view, and
                     # the host twins' array cache knows it)
-                    t = old if old.shape == shape else old.view(shape)
-                    mem, ptr = m, p
-                    break
-        if t is None:
-            t, mem = self._fresh(shape, dtype, DEVICE)
-        self._serial += 1
-        return self._register(Buffer(name, t, DEVICE, mem, self._serial, stream), ptr)
+                    return (old if old.shape == shape else old.view(shape)), m, p
+        return None
 
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         self._point()
@@ -914,22 +885,11 @@ class StraightRuntime(SimRuntime):
         if self._owed_exc is not None:
             self._settle_exc()
         shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
-        t = None
-        blocks = self._pool.get((stream.ctx, _prod(shape), dtype))
-        if blocks:
-            qs = self._q
-            for i in range(len(blocks) - 1, -1, -1):    # the most recently freed first
-                old, m, pledges, _ = blocks[i]
-                for ctx, upto in pledges:
-                    if qs[ctx].known < upto:
-                        break
-                else:
-                    del blocks[i]
-                    t = old if old.shape == shape else old.view(shape)
-                    mem = m
-                    break
-        if t is None:
+        got = self._reuse((stream.ctx, _prod(shape), dtype), shape)
+        if got is None:
             t, mem = self._fresh(shape, dtype, DEVICE)
+        else:
+            t, mem, _ = got
         self._serial += 1
         live = self._live
         live[name] = live.get(name, 0) + 1
