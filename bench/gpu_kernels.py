@@ -31,9 +31,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="steps in the profiled window")
     ap.add_argument("--rows", type=int, default=25, help="kernel names printed")
     ap.add_argument("--draft", default="standalone")
+    obs.add_pdl_arg(ap)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
+    pdl = obs.apply_pdl(ap, args.pdl, "cuda")
     ns = argparse.Namespace(device="cuda", steps=args.steps, settle=3, windows=1, tol=0.03,
                             prompt=16, row_width=384, page_size=16, spec_steps=3,
                             draft=args.draft, graphs=True)
@@ -52,7 +54,8 @@ def main() -> None:
     busy, _ = obs.kernel_busy_us(prof)
     print(f"{args.model} B={args.batch} {args.mode}: {sum(count.values()) / steps:.0f} kernels "
           f"per step, {busy / steps / 1e3:.3f} ms busy, idle {seams / steps / 1e3:.3f} ms in "
-          f"seams under 10 us and {waits / steps / 1e3:.3f} ms in longer gaps per step")
+          f"seams under 10 us and {waits / steps / 1e3:.3f} ms in longer gaps per step "
+          f"(dependent launch {'on' if pdl else 'off'})")
     print(f"{'per step':>9s} {'us/step':>9s}  kernel")
     for name, n in count.most_common(args.rows):
         print(f"{n / steps:9.1f} {time_us[name] / steps:9.1f}  {name[:110]}")

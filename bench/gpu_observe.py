@@ -82,6 +82,24 @@ def _site(f) -> str:
     return f"{os.path.join(*f.filename.split(os.sep)[-2:])}:{f.lineno} {f.name}"
 
 
+def add_pdl_arg(ap) -> None:
+    """``--pdl``: programmatic dependent launch of the Triton model kernels
+    (docs/design.md §4.10)."""
+    ap.add_argument("--pdl", default="auto", choices=("auto", "on", "off"),
+                    help="cuda: programmatic dependent launch of the model's Triton kernels "
+                         "(auto: on cards of compute capability 9 and up)")
+
+
+def apply_pdl(ap, choice: str, device: str) -> bool:
+    """Sets the kernels' launch as ``--pdl`` asks; whether it is on. ``on`` where no card
+    can launch that way is ``ap.error`` (exit 2)."""
+    from fake_models.hf import kernels
+    if choice == "on" and not (device_info(device).gpu
+                               and torch.cuda.get_device_capability()[0] >= 9):
+        ap.error("--pdl on: programmatic dependent launch needs a card of compute capability 9+")
+    return kernels.set_pdl({"auto": None, "on": True, "off": False}[choice])
+
+
 def profiler(device: str):
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device_info(device).gpu:

@@ -58,7 +58,6 @@ import torch
 import gpu_observe as obs
 import steady
 from fake_models import make_model
-from fake_models.hf import kernels
 from overlapcheck import engine as E
 from overlapcheck.device import check_available, device_info
 from overlapcheck.device import make_runtime
@@ -521,9 +520,7 @@ def main() -> None:
     ap.add_argument("--graphs", default="on", choices=("on", "off"),
                     help="cuda: replay the model calls from CUDA graphs (the detector takes "
                          "declared accesses)")
-    ap.add_argument("--pdl", default="auto", choices=("auto", "on", "off"),
-                    help="cuda: programmatic dependent launch of the model's Triton kernels "
-                         "(auto: on cards of compute capability 9 and up)")
+    obs.add_pdl_arg(ap)
     ap.add_argument("--profile", action="store_true", help="profile tables where the speedup is low")
     ap.add_argument("--profile-below", type=float, default=1.10)
     ap.add_argument("--out", default="bench-out", help="folder for gpu_overlap.json and profiles")
@@ -545,9 +542,7 @@ def main() -> None:
     except RuntimeError as e:
         ap.error(str(e))
     info = device_info(args.device)
-    if args.pdl == "on" and not (info.gpu and torch.cuda.get_device_capability()[0] >= 9):
-        ap.error("--pdl on: programmatic dependent launch needs a card of compute capability 9+")
-    args.pdl = kernels.set_pdl({"auto": None, "on": True, "off": False}[args.pdl])
+    args.pdl = obs.apply_pdl(ap, args.pdl, args.device)
     if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
     if args.repeat % 2:
