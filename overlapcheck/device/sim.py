@@ -878,37 +878,13 @@ class StraightRuntime(SimRuntime):
         for s in self.streams:
             self._learn(s.ctx, s.raw.enq)
 
-    def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
-        """``SimRuntime.empty``, the same block for the same call (a stale one where the
-        sim reuses one, else a fresh poison-filled one), registered without its storage
-        address: only the detector's access inference looks buffers up by it."""
-        if self._owed_exc is not None:
-            self._settle_exc()
-        shape = tuple(shape) if type(shape) is _Size else tuple(map(int, shape))
-        got = self._reuse((stream.ctx, _prod(shape), dtype), shape)
-        if got is None:
-            t, mem = self._fresh(shape, dtype, DEVICE)
-        else:
-            t, mem, _ = got
-        self._serial += 1
+    def _register(self, buf: Buffer, ptr=None) -> Buffer:
+        """Counted live, without its storage address: only the detector's access
+        inference and CUDA graphs look buffers up by it. ``SimRuntime.empty`` and
+        ``free`` then hand out and take back the sim's blocks as they are."""
         live = self._live
-        live[name] = live.get(name, 0) + 1
-        return Buffer(name, t, DEVICE, mem, self._serial, stream)
-
-    def free(self, buf: Buffer) -> None:
-        """``SimRuntime.free`` of a buffer ``empty`` or ``host_empty`` made."""
-        if self._owed_exc is not None:
-            self._settle_exc()
-        self._unregister(buf, keep_lookup=True)
-        if buf.space == DEVICE:
-            t = buf.t
-            key = (buf.stream.ctx, t.numel(), t.dtype)
-            qs = self._q
-            pledges = [(s.ctx, qs[s.ctx].enq) for s in buf.pledged]
-            blocks = self._pool.get(key)
-            if blocks is None:
-                blocks = self._pool[key] = []
-            blocks.append((t, buf.mem, pledges, None))
+        live[buf.name] = live.get(buf.name, 0) + 1
+        return buf
 
     def host_list(self, buf: Buffer, rows=None) -> list:
         if self._owed_exc is not None:
