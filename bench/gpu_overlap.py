@@ -399,6 +399,17 @@ def measure(args, name, model, batch) -> dict:
         rec["modes"][mode] = med
 
     def ratio(a, b):
+        """Each round's a/b (interleaved: the median of its windows' a/b), then the
+        median and range over the rounds (docs/design.md §8.1)."""
+        if a not in runs or b not in runs:
+            return None
+        if args.interleave:
+            return steady.window_paired_ratio([r["window_tokens_per_s"] for r in runs[a]],
+                                              [r["window_tokens_per_s"] for r in runs[b]])
+        return totals_ratio(a, b)
+
+    def totals_ratio(a, b):
+        """Each round's a/b over its whole range (the sums of its windows)."""
         if a not in runs or b not in runs:
             return None
         return steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
@@ -416,6 +427,7 @@ def measure(args, name, model, batch) -> dict:
         sp = ratio(a, b)
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
         rec[key + "_windows"] = window_ratio(a, b)
+        rec[key + "_totals"] = totals_ratio(a, b)
     observe(args, name, model, batch, rec)
     return rec
 
@@ -495,9 +507,11 @@ def main() -> None:
     ap.add_argument("--models", default="trained,random:llama-1b", help="comma-separated")
     ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--modes", default=",".join(m[0] for m in MODES), help="comma-separated")
-    ap.add_argument("--steps", type=int, default=12,
+    ap.add_argument("--steps", type=int, default=6,
                     help="steady steps per timed window (at least; see --min-seconds)")
-    ap.add_argument("--windows", type=int, default=4, help="timed windows per run, back to back")
+    ap.add_argument("--windows", type=int, default=8,
+                    help="timed windows per run (interleaved: each paired with the other "
+                         "modes' window of the same position)")
     ap.add_argument("--min-seconds", type=float, default=1.0,
                     help="lengthen a config's windows until its non-overlap run times at least "
                          "this long (0: never)")

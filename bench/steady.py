@@ -11,6 +11,8 @@ function, so tests drive it with a fake timer.
   (the GPU bench's interleaved windows).
 * ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
   from the rounds they shared (each round's ratio, then their median and range).
+  ``window_paired_ratio``: the same where each round's windows of the two modes ran
+  back to back (interleaved): a round's ratio is the median of its windows' ratios.
 """
 from __future__ import annotations
 
@@ -80,6 +82,21 @@ def paired_ratio(a, b):
     {median, min, max}; None when a round's b is 0 or there is none."""
     pairs = [x / y for x, y in zip(a, b) if y > 0]
     return spread(pairs) if pairs and len(pairs) == min(len(a), len(b)) else None
+
+
+def window_paired_ratio(a, b):
+    """The ratio of two modes from interleaved rounds: ``a`` and ``b`` hold each round's
+    window rates (one list per round, windows paired by position, each pair run back to
+    back). A round's ratio is the median of its pairs' ratios, so a slow period of the
+    host that falls on one window of a pair moves that pair only; then {median, min,
+    max} over the rounds. None when a round has no pair or a window's b is 0."""
+    per_round = []
+    for wa, wb in zip(a, b):
+        pairs = [x / y for x, y in zip(wa, wb) if y > 0]
+        if not pairs or len(pairs) != min(len(wa), len(wb)):
+            return None
+        per_round.append(statistics.median(pairs))
+    return spread(per_round) if per_round and len(per_round) == min(len(a), len(b)) else None
 
 
 def fmt_spread(s, spec: str = ".1f", width: int = 0) -> str:

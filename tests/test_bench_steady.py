@@ -85,6 +85,25 @@ def test_spread_and_paired_ratio():
     assert steady.fmt_spread({"median": 1.5, "min": 1.0, "max": 2.0}, ".2f") == "1.50 [1.00-2.00]"
 
 
+
+def test_window_paired_ratio_keeps_a_slow_window_to_its_pair():
+    # A is 1.2x B in every window; a slow period of the host halves one window of B in
+    # round 0 and one of A in round 1: each moves its round's ratio of totals, not the
+    # median of the round's window ratios
+    a = [[120.0, 120.0, 120.0, 120.0], [60.0, 120.0, 120.0, 120.0], [120.0] * 4]
+    b = [[100.0, 50.0, 100.0, 100.0], [100.0] * 4, [100.0] * 4]
+    w = steady.window_paired_ratio(a, b)
+    assert w == {"median": 1.2, "min": 1.2, "max": 1.2}
+    totals = steady.paired_ratio([sum(x) for x in a], [sum(x) for x in b])
+    assert totals["max"] > 1.3 and totals["min"] < 1.1       # the same rounds' totals
+    # a genuine change of ratio in most windows of a round still shows
+    c = [[120.0] * 4, [150.0, 150.0, 150.0, 120.0]]
+    assert steady.window_paired_ratio(c, [[100.0] * 4] * 2)["max"] == 1.5
+    # a missing pair or a zero rate: no figure rather than a figure from fewer pairs
+    assert steady.window_paired_ratio([[1.0, 2.0]], [[1.0, 0.0]]) is None
+    assert steady.window_paired_ratio([], []) is None
+
+
 class FakeEngine:
     """Enough of an engine for ``Window``: every step commits one token per request and
     advances the fake clock by ``dt(step)``; the window's rates come from that clock."""
