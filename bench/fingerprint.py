@@ -121,9 +121,9 @@ def main(argv=None) -> int:
     base = read(args.against) if args.against else None
     head = {"schema": SCHEMA, "examples": args.examples, "seed": args.seed,
             "model": args.model, "faults": sorted(args.fault)}
-    if base is not None and {k: base[0].get(k) for k in head} != head:
-        _bad(f"{args.against} is of another campaign "
-             f"({ {k: base[0].get(k) for k in head if k != 'schema'} })")
+    theirs = {k: base[0].get(k) for k in head} if base is not None else head
+    if theirs != head:
+        _bad(f"{args.against} is of another campaign ({theirs})")
     rows = record(options(args))
     fp = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
     findings = sorted({k for r in rows for k in r[4]})

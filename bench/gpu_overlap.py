@@ -398,36 +398,22 @@ def measure(args, name, model, batch) -> dict:
             med["violations"] = sorted({v for r in rs for v in r["violations"]})[:5]
         rec["modes"][mode] = med
 
-    def ratio(a, b):
-        """Each round's a/b (interleaved: the median of its windows' a/b), then the
-        median and range over the rounds (docs/design.md §8.1)."""
-        if a not in runs or b not in runs:
-            return None
-        if args.interleave:
-            return steady.window_paired_ratio([r["window_tokens_per_s"] for r in runs[a]],
-                                              [r["window_tokens_per_s"] for r in runs[b]])
-        return totals_ratio(a, b)
-
-    def totals_ratio(a, b):
-        """Each round's a/b over its whole range (the sums of its windows)."""
-        if a not in runs or b not in runs:
-            return None
-        return steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
-                                   [r["tokens_per_s"] for r in runs[b]])
-    def window_ratio(a, b):
-        """Each window's a/b (the windows of a round, paired by position): interleaved,
-        two windows of a pair ran one after the other."""
-        if a not in runs or b not in runs:
-            return None
-        return steady.paired_ratio(
-            [x for r in runs[a] for x in r["window_tokens_per_s"]],
-            [y for r in runs[b] for y in r["window_tokens_per_s"]])
+    # each ratio of two modes from the rounds they shared (docs/design.md §8.1): the
+    # figure is each round's a/b — interleaved, the median of its windows' a/b, else its
+    # totals' — then their median and range; the JSON adds the totals' (``_totals``)
+    # and every window pair pooled (``_windows``)
     for key, a, b in (("overlap_speedup", "overlap", "non-overlap"), ("checked_ratio", "checked", "overlap"),
                       ("checked_detector_ratio", "checked+detector", "overlap")):
-        sp = ratio(a, b)
+        totals = windows = pooled = None
+        if a in runs and b in runs:
+            totals = steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
+                                         [r["tokens_per_s"] for r in runs[b]])
+            wa, wb = ([r["window_tokens_per_s"] for r in runs[m]] for m in (a, b))
+            windows = steady.window_paired_ratio(wa, wb)
+            pooled = steady.paired_ratio(sum(wa, []), sum(wb, []))
+        sp = windows if args.interleave else totals
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
-        rec[key + "_windows"] = window_ratio(a, b)
-        rec[key + "_totals"] = totals_ratio(a, b)
+        rec[key + "_windows"], rec[key + "_totals"] = pooled, totals
     observe(args, name, model, batch, rec)
     return rec
 
