@@ -12,15 +12,49 @@ fuzz`` runs it. The workers' fork server is started first, as ``fuzz -j`` starts
 before its own imports: one job's figure leaves this process's imports out, N jobs' the
 server's (``--cold-server``: started when the first N-job run needs it, its imports
 inside that run's time).
+
+``--ceiling`` first measures what the machine itself gives N processes: plain Python
+work (integer arithmetic, a small dict, list appends; no torch, no I/O, nothing
+shared) timed in one process and then in N side by side, the same ratio for it. Where
+the machine's own ratio is below 0.8 (all-core clocks under the one-core clock, shared
+caches), no campaign reaches 0.8 there; the campaign's ratio over the machine's says
+how much of the drop is the campaign's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import time
 
 from overlapcheck.fuzz.campaign import Options
 from overlapcheck.fuzz.jobs import run_jobs, start_server
+
+
+def _spin(seconds: float) -> float:
+    """Rounds of plain interpreter work per second, for ``seconds``."""
+    table: dict = {}
+    rounds, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        acc = []
+        for i in range(2000):
+            k = (i * 7919) & 511
+            table[k] = table.get(k, 0) + (i * i) % 13
+            acc.append(k)
+        rounds += 1
+    return rounds / seconds
+
+
+def ceiling(jobs: int, seconds: float) -> float:
+    """The machine's ratio: ``jobs`` processes of ``_spin`` side by side over ``jobs`` x
+    one process alone (spawned, so nothing this process imported is shared)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        one = pool.apply(_spin, (seconds,))
+    with ctx.Pool(jobs) as pool:
+        rates = pool.map(_spin, [seconds] * jobs, chunksize=1)
+    return sum(rates) / (jobs * one)
 
 
 def main() -> None:
@@ -31,6 +65,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--cold-server", action="store_true",
                    help="start the workers' fork server inside the first N-job run")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also the machine's own ratio for N processes of plain Python work")
     args = p.parse_args()
     try:
         counts = [int(x) for x in args.jobs.split(",") if x]
@@ -53,19 +89,32 @@ def main() -> None:
     one = next((r["steps_per_s"] for r in rows if r["jobs"] == 1), None)
     for r in rows:
         r["ratio"] = round(r["steps_per_s"] / (r["jobs"] * one), 3) if one else None
+        if args.ceiling:
+            r["machine_ratio"] = (round(ceiling(r["jobs"], min(args.seconds, 10.0)), 3)
+                                  if r["jobs"] > 1 else 1.0)
+            r["of_machine"] = (round(r["ratio"] / r["machine_ratio"], 3)
+                               if r["ratio"] is not None else None)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     print(f"cores: {os.cpu_count()}, load average at the end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    extra = f" {'machine':>8} {'of it':>6}" if args.ceiling else ""
     print(f"{'jobs':>4} {'seconds':>8} {'examples':>9} {'examples/s':>11} {'steps':>8} "
-          f"{'steps/s':>8} {'per CPU s':>10} {'ratio':>6} {'findings':>9}")
+          f"{'steps/s':>8} {'per CPU s':>10} {'ratio':>6} {'findings':>9}{extra}")
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         cpu = "-" if r["steps_per_cpu_s"] is None else f"{r['steps_per_cpu_s']:.0f}"
+        if args.ceiling:
+            of = "-" if r["of_machine"] is None else f"{r['of_machine']:.2f}"
+            extra = f" {r['machine_ratio']:8.2f} {of:>6}"
         print(f"{r['jobs']:4d} {r['seconds']:8.1f} {r['examples']:9d} {r['examples_per_s']:11.2f} "
-              f"{r['steps']:8d} {r['steps_per_s']:8.1f} {cpu:>10} {ratio:>6} {r['findings']:9d}")
+              f"{r['steps']:8d} {r['steps_per_s']:8.1f} {cpu:>10} {ratio:>6} {r['findings']:9d}"
+              f"{extra}")
     print("ratio = steps/s with N jobs / (N x steps/s with one job)")
+    if args.ceiling:
+        print("machine = the same ratio for N processes of plain Python work; of it = "
+              "ratio / machine")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,16 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_one_and_two_jobs_give_rows_and_a_ratio():
-    p = subprocess.run([sys.executable, BENCH, "--seconds", "2", "--jobs", "1,2", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, BENCH, "--seconds", "2", "--jobs", "1,2", "--json",
+                        "--ceiling"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = json.loads(p.stdout)
     assert [r["jobs"] for r in rows] == [1, 2]
     assert all(r["steps"] > 0 and r["examples"] > 0 and r["findings"] == 0 for r in rows)
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] is not None
+    # the machine's own ratio for two processes of plain work, and the campaign's over it
+    assert rows[0]["machine_ratio"] == 1.0 and rows[1]["machine_ratio"] > 0
+    assert rows[1]["of_machine"] == round(rows[1]["ratio"] / rows[1]["machine_ratio"], 3)
 
 
 def test_bad_job_counts_exit_2():
