@@ -20,6 +20,23 @@ def test_fresh_buffers_are_poison_on_gpu():
     assert is_poison(rt.host_view(rt.host_empty((4,), torch.int64, "p"))).all()
 
 
+def test_a_reused_block_is_stale_not_filled_again_on_gpu():
+    """As on the sim: the caching allocator's block comes back with its last owner's
+    values (a racing reader of it then reads indices it can take, not poison)."""
+    rt, s, f, c = _rt(detect=False)
+    a = rt.empty((256,), torch.int64, "a", s)
+    rt.launch(s, lambda t: t.fill_(7), a.t, name="write")
+    ptr = a.t.untyped_storage().data_ptr()
+    rt.free(a)
+    b = rt.empty((256,), torch.int64, "b", s)
+    assert b.t.untyped_storage().data_ptr() == ptr and b.mem == a.mem
+    s.synchronize()
+    assert (b.t.cpu() == 7).all()
+    fresh = rt.empty((256,), torch.int64, "fresh", s)     # a new block: poison
+    s.synchronize()
+    assert is_poison(fresh.t.cpu()).all()
+
+
 def test_pinned_read_before_copy_done_is_flagged_and_twin_is_not():
     for sync in (False, True):
         rt, s, f, c = _rt()

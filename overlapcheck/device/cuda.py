@@ -84,24 +84,23 @@ class CudaRuntime(Runtime):
         torch.cuda.synchronize()
 
     # -- buffers ---------------------------------------------------------------------
-    def _mem_for(self, t: torch.Tensor) -> object:
-        ptr = t.untyped_storage().data_ptr()
-        mem = self._freed.pop(ptr, None)
-        if mem is None:
-            self._mem += 1
-            mem = self._mem
-        return mem
-
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
         prev = self._on(stream.raw)
         try:
             t = torch.empty(tuple(shape), dtype=dtype, device="cuda")
-            t.fill_(poison_value(dtype))
+            mem = self._freed.pop(t.untyped_storage().data_ptr(), None)
+            if mem is None:
+                # fresh memory is poison-filled; a block the caching allocator hands back
+                # stays stale, as on the sim. A fill there would also be wrong on a GPU:
+                # a racing reader of the block (a planted race, or the engine's own) would
+                # take the poison as an index, a device-side assert that ends the process
+                t.fill_(poison_value(dtype))
+                self._mem += 1
+                mem = self._mem
         finally:
             torch.cuda.set_stream(prev)
         # The poison fill is part of the allocation, as on the sim: not an access.
-        return self._register(Buffer(name, t, DEVICE, self._mem_for(t), self._next_serial(),
-                                     stream))
+        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
 
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         t = torch.full(tuple(shape), poison_value(dtype), dtype=dtype, pin_memory=pinned)
