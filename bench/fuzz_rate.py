@@ -13,16 +13,19 @@ before its own imports: one job's figure leaves this process's imports out, N jo
 server's (``--cold-server``: started when the first N-job run needs it, its imports
 inside that run's time).
 
-``--ceiling`` first measures what the machine itself gives N processes: plain Python
-work (integer arithmetic, a small dict, list appends; no torch, no I/O, nothing
-shared) timed in one process and then in N side by side, the same ratio for it. Where
-the machine's own ratio is below 0.8 (all-core clocks under the one-core clock, shared
-caches), no campaign reaches 0.8 there; the campaign's ratio over the machine's says
-how much of the drop is the campaign's.
+``--ceiling`` also measures what the machine itself gives N processes, the same ratio
+for two kinds of plain Python work (no torch, no I/O, nothing shared), each timed in
+one process and then in N side by side: ``machine``, integer arithmetic on a small
+dict, which stays in a core's own caches; ``32 MiB``, reads at random over a 32 MiB
+array per process, which N processes share the last-level cache and memory for. Where
+``machine`` is below 0.8 (all-core clocks under the one-core clock), no campaign
+reaches 0.8 there; ``of it`` = the campaign's ratio over ``machine``. A campaign near
+``32 MiB`` and far under ``machine`` loses to the shared caches: its working set.
 """
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import multiprocessing
 import os
@@ -46,14 +49,25 @@ def _spin(seconds: float) -> float:
     return rounds / seconds
 
 
-def ceiling(jobs: int, seconds: float) -> float:
-    """The machine's ratio: ``jobs`` processes of ``_spin`` side by side over ``jobs`` x
-    one process alone (spawned, so nothing this process imported is shared)."""
+def _walk(seconds: float) -> float:
+    """Reads per second at random over a 32 MiB array (4 Mi 8-byte cells), for ``seconds``."""
+    cells = array.array("q", range(1 << 22))
+    mask, i, reads, end = (1 << 22) - 1, 1, 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(2000):
+            i = (cells[i] * 1103515245 + 12345) & mask
+        reads += 2000
+    return reads / seconds
+
+
+def ceiling(work, jobs: int, seconds: float) -> float:
+    """The machine's ratio for ``work``: ``jobs`` processes of it side by side over
+    ``jobs`` x one process alone (spawned, so nothing this process imported is shared)."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        one = pool.apply(_spin, (seconds,))
+        one = pool.apply(work, (seconds,))
     with ctx.Pool(jobs) as pool:
-        rates = pool.map(_spin, [seconds] * jobs, chunksize=1)
+        rates = pool.map(work, [seconds] * jobs, chunksize=1)
     return sum(rates) / (jobs * one)
 
 
@@ -90,8 +104,9 @@ def main() -> None:
     for r in rows:
         r["ratio"] = round(r["steps_per_s"] / (r["jobs"] * one), 3) if one else None
         if args.ceiling:
-            r["machine_ratio"] = (round(ceiling(r["jobs"], min(args.seconds, 10.0)), 3)
-                                  if r["jobs"] > 1 else 1.0)
+            for key, work in (("machine_ratio", _spin), ("machine_32mib_ratio", _walk)):
+                r[key] = (round(ceiling(work, r["jobs"], min(args.seconds, 10.0)), 3)
+                          if r["jobs"] > 1 else 1.0)
             r["of_machine"] = (round(r["ratio"] / r["machine_ratio"], 3)
                                if r["ratio"] is not None else None)
     if args.json:
@@ -99,7 +114,7 @@ def main() -> None:
         return
     print(f"cores: {os.cpu_count()}, load average at the end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    extra = f" {'machine':>8} {'of it':>6}" if args.ceiling else ""
+    extra = f" {'machine':>8} {'of it':>6} {'32 MiB':>7}" if args.ceiling else ""
     print(f"{'jobs':>4} {'seconds':>8} {'examples':>9} {'examples/s':>11} {'steps':>8} "
           f"{'steps/s':>8} {'per CPU s':>10} {'ratio':>6} {'findings':>9}{extra}")
     for r in rows:
@@ -107,14 +122,14 @@ def main() -> None:
         cpu = "-" if r["steps_per_cpu_s"] is None else f"{r['steps_per_cpu_s']:.0f}"
         if args.ceiling:
             of = "-" if r["of_machine"] is None else f"{r['of_machine']:.2f}"
-            extra = f" {r['machine_ratio']:8.2f} {of:>6}"
+            extra = f" {r['machine_ratio']:8.2f} {of:>6} {r['machine_32mib_ratio']:7.2f}"
         print(f"{r['jobs']:4d} {r['seconds']:8.1f} {r['examples']:9d} {r['examples_per_s']:11.2f} "
               f"{r['steps']:8d} {r['steps_per_s']:8.1f} {cpu:>10} {ratio:>6} {r['findings']:9d}"
               f"{extra}")
     print("ratio = steps/s with N jobs / (N x steps/s with one job)")
     if args.ceiling:
-        print("machine = the same ratio for N processes of plain Python work; of it = "
-              "ratio / machine")
+        print("machine / 32 MiB = the same ratio for N processes of plain Python work in "
+              "a core's own caches / over 32 MiB each; of it = ratio / machine")
 
 
 if __name__ == "__main__":

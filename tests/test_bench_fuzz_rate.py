@@ -18,7 +18,8 @@ def test_one_and_two_jobs_give_rows_and_a_ratio():
     assert all(r["steps"] > 0 and r["examples"] > 0 and r["findings"] == 0 for r in rows)
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] is not None
     # the machine's own ratio for two processes of plain work, and the campaign's over it
-    assert rows[0]["machine_ratio"] == 1.0 and rows[1]["machine_ratio"] > 0
+    assert rows[0]["machine_ratio"] == rows[0]["machine_32mib_ratio"] == 1.0
+    assert rows[1]["machine_ratio"] > 0 and rows[1]["machine_32mib_ratio"] > 0
     assert rows[1]["of_machine"] == round(rows[1]["ratio"] / rows[1]["machine_ratio"], 3)
 
 
