@@ -32,6 +32,12 @@ from typing import Callable, Dict, Optional, Sequence
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
+try:   # where Hypothesis keeps the integer literals it mixes into draws (below)
+    from hypothesis.internal.conjecture import providers as _providers
+    from hypothesis.internal.constants_ast import Constants as _Constants
+except ImportError:     # another Hypothesis layout: nothing to pin
+    _providers = _Constants = None
+
 from .. import seeds, targets
 from ..run import Finding, References, execute
 from ..run.driver import release
@@ -106,6 +112,37 @@ class Found:
 class _TimeUp(BaseException):
     """The campaign's time box ran out in the middle of a Hypothesis run: it stops at
     once (a ``BaseException``, so Hypothesis does not take it for a failure)."""
+
+
+class fixed_constants:
+    """``with fixed_constants():`` Hypothesis draws cases without the literals of the
+    local modules loaded at the time. Hypothesis mixes into a small share of its draws
+    constants read from every non-installed module in ``sys.modules``; a campaign's
+    cases would then depend on what else the process imported (a test suite's helpers,
+    an editable install against a wheel) and on every literal edited anywhere, not on
+    its seed alone. Its own fixed constants stay. Restored on exit (the process's other
+    Hypothesis tests keep theirs)."""
+
+    def __enter__(self):
+        self._saved = getattr(_providers, "_get_local_constants", None)
+        if self._saved is not None:
+            empty = _Constants()
+            _providers._get_local_constants = lambda: empty
+            self._clear()
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            _providers._get_local_constants = self._saved
+            self._clear()
+        return False
+
+    @staticmethod
+    def _clear():
+        # the per-constraints cache holds the constants each kind of draw may take
+        cache = getattr(getattr(_providers, "CONSTANTS_CACHE", None), "cache", None)
+        if cache is not None:
+            cache.clear()
 
 
 def case_strategy(opts: "Options"):
@@ -217,7 +254,8 @@ class Campaign:
 
         prop._hypothesis_internal_database_key = self.db_key
         try:
-            prop()
+            with fixed_constants():
+                prop()
         except _TimeUp:
             pass
         except BaseException as e:  # noqa: BLE001 - Hypothesis' report of our findings
