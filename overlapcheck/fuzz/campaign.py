@@ -32,7 +32,7 @@ from typing import Callable, Dict, Optional, Sequence
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
-try:   # where Hypothesis keeps the integer literals it mixes into draws (below)
+try:   # where Hypothesis keeps the literals it mixes into draws (``fixed_constants``)
     from hypothesis.internal.conjecture import providers as _providers
     from hypothesis.internal.constants_ast import Constants as _Constants
 except ImportError:     # another Hypothesis layout: nothing to pin
