@@ -41,6 +41,7 @@ except ImportError:     # another Hypothesis layout: nothing to pin
 from .. import seeds, targets
 from ..run import Finding, References, execute
 from ..run.driver import release
+from ..run.finding import is_known
 from .db import open_database
 
 
@@ -241,7 +242,7 @@ class Campaign:
             self.stats.steps += out.steps
             self._progress()
             fresh = [f for f in out.findings
-                     if f.key not in self.found and f.key not in self.opts.known]
+                     if f.key not in self.found and not is_known(f.key, self.opts.known)]
             if not fresh:
                 release(out)     # only a finding's outcome is kept (its data, for the repro)
             if fresh:

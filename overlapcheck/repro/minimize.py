@@ -14,6 +14,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 from ..engine import RequestSpec, Workload
 from ..run import Case
 from ..run import Outcome, execute
+from ..run.finding import same_bug
 from .format import Repro, current_commit
 
 
@@ -33,7 +34,7 @@ class _Search:
             raise _Budget()
         self.runs += 1
         out = execute(case)
-        if any(f.key == self.key for f in out.findings):
+        if any(same_bug(self.key, f.key) for f in out.findings):
             self.best = (case, out)
             return True
         return False
@@ -125,7 +126,7 @@ def minimize(r: Repro, max_runs: int = 400) -> Tuple[Optional[Repro], int]:
     except _Budget:
         pass
     case, out = s.best
-    f = next(f for f in out.findings if f.key == s.key)
+    f = next(f for f in out.findings if same_bug(s.key, f.key))
     return Repro(case, out.choices, f, out.digest, "sim", out.steps, current_commit(),
                  note=f"minimized from {len(r.case.workload.requests)} requests in {s.runs} runs",
                  engine_version=r.engine_version), s.runs

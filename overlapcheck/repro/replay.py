@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..run import Outcome, execute
+from ..run.finding import same_bug
 from .format import Repro
 
 REPRODUCED, FIXED, DIVERGED = "reproduced", "fixed", "diverged"
@@ -51,7 +52,7 @@ def replay(r: Repro, device: Optional[str] = None) -> ReplayResult:
     out = execute(r.case, choices=choices, device=dev)
     if out.diverged:
         return ReplayResult(DIVERGED, out, False, out.diverged)
-    match = next((f for f in out.findings if f.key == r.finding.key), None)
+    match = next((f for f in out.findings if same_bug(r.finding.key, f.key)), None)
     digest_match = bool(r.digest) and out.digest == r.digest
     if match is not None:
         return ReplayResult(REPRODUCED, out, digest_match, match.text)

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import sys
-import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -81,15 +80,25 @@ def _package_dir(name: Optional[str]) -> Optional[str]:
 
 
 def _exception_finding(exc: BaseException, step: int, engine: Optional[str] = None) -> Finding:
-    """Named by the innermost frame of our code or of the target's ``engine`` package
-    (for a real engine, where its own code failed)."""
-    tb = traceback.extract_tb(exc.__traceback__)
+    """Named by the exception type and the innermost frame of our code or of the
+    target's ``engine`` package (for a real engine, where its own code failed): its
+    file and function, not its line, so that an edit elsewhere in the file (or a new
+    release of the engine) keeps the bug's id; the text gives the line too."""
+    frames = []      # (file, line, function) from the outermost frame in
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name)))
+        tb = tb.tb_next
     root = _package_dir(engine)
-    ours = [f for f in tb if any(p in f.filename for p in ("overlapcheck", "fake_models", "invariants"))
-            or (root is not None and f.filename.startswith(root))]
-    frames = ours or tb
-    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
-    text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {where})"
+    ours = [f for f in frames if any(p in f[0] for p in ("overlapcheck", "fake_models", "invariants"))
+            or (root is not None and f[0].startswith(root))]
+    frames = ours or frames
+    where, at = "?", "?"
+    if frames:
+        name = os.path.basename(frames[-1][0])
+        where, at = f"{name}:{frames[-1][2]}", f"{name}:{frames[-1][1]}, in {frames[-1][2]}"
+    text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {at})"
     return Finding(ENGINE_EXCEPTION, (type(exc).__name__, where), step, text)
 
 

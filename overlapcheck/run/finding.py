@@ -4,10 +4,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Collection, Tuple
 
 ENGINE_EXCEPTION = "engine-exception"
+# an engine exception's site of the first form: (type, "file.py:line")
+_LINE_SITE = re.compile(r"(.+\.py):\d+")
+
+
+def same_bug(recorded: Tuple[str, ...], key: Tuple[str, ...]) -> bool:
+    """Does a finding of ``key`` stand for the recorded one? Equal keys do; and an
+    engine exception named the first way, by the file and *line* of its frame, is the
+    same exception type raised in a function of that file (sites now name the
+    function, which an edit elsewhere in the file does not move)."""
+    if recorded == key:
+        return True
+    if (len(recorded) != 3 or len(key) != 3 or recorded[0] != ENGINE_EXCEPTION
+            or key[0] != ENGINE_EXCEPTION or recorded[1] != key[1]):
+        return False
+    m = _LINE_SITE.fullmatch(recorded[2])
+    return m is not None and key[2].startswith(m.group(1) + ":")
+
+
+def is_known(key: Tuple[str, ...], known: Collection[Tuple[str, ...]]) -> bool:
+    """``key`` is one of ``known``, or the same bug as one of them (``same_bug``)."""
+    return key in known or (key[0] == ENGINE_EXCEPTION and any(same_bug(k, key) for k in known))
 
 
 @dataclass(frozen=True)
