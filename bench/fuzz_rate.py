@@ -18,9 +18,12 @@ for two kinds of plain Python work (no torch, no I/O, nothing shared), each time
 one process and then in N side by side: ``machine``, integer arithmetic on a small
 dict, which stays in a core's own caches; ``32 MiB``, reads at random over a 32 MiB
 array per process, which N processes share the last-level cache and memory for. Where
-``machine`` is below 0.8 (all-core clocks under the one-core clock), no campaign
-reaches 0.8 there; ``of it`` = the campaign's ratio over ``machine``. A campaign near
-``32 MiB`` and far under ``machine`` loses to the shared caches: its working set.
+``machine`` is below 0.8 (all-core clocks under the one-core clock, neighbours' load),
+no campaign reaches 0.8 there; ``of it`` = the campaign's ratio over ``machine``. A
+campaign near ``32 MiB`` and far under ``machine`` loses to the shared caches: its
+working set. Both are timed right after their row's campaign: on a shared host they
+move with the neighbours' load (one host read ``machine`` 0.61 to 1.02 for 16
+processes, minutes apart), so read them beside the campaign's ratio of the same run.
 """
 from __future__ import annotations
 
