@@ -213,6 +213,8 @@ def test_known_vllm_bug_spec_padding_cut_by_the_chunk_cap():
     for scheduler, q in (("sync", 1), ("async", 2)):
         out = run(replace(KNOWN_PAD_BUG, scheduler=scheduler, batch_queue=q), w)
         assert out.status == "crashed" and out.steps == 1
-        assert [f.site for f in out.findings] == [("AssertionError", "scheduler.py:1579")]
+        assert [f.site for f in out.findings] == [("AssertionError",
+                                                   "scheduler.py:Scheduler.schedule")]
+        assert "(at scheduler.py:1579, in Scheduler.schedule)" in out.findings[0].text
     wide = run(replace(KNOWN_PAD_BUG, long_prefill_token_threshold=5), w)
     assert wide.status == "completed" and wide.findings == []
