@@ -23,18 +23,13 @@ def one_thread():
 
 
 def _no_local_constants() -> None:
-    """Hypothesis mixes constants of every local module imported so far into its draws
-    (``hypothesis.internal.conjecture.providers``, pinned Hypothesis 6.155.2), so a
-    derandomized test would draw differently depending on which of the project's modules
-    earlier tests happened to import in its xdist worker, and on which test files were
-    collected. The tests draw from the strategies alone: the pool stays empty."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:
-        return
-    if hasattr(providers, "_get_local_constants") and hasattr(providers, "_local_constants"):
-        empty = providers._local_constants
-        providers._get_local_constants = lambda: empty
+    """Hypothesis mixes constants of every local module imported so far into its draws,
+    so a derandomized test would draw differently depending on which of the project's
+    modules earlier tests happened to import in its xdist worker, and on which test
+    files were collected. The tests draw from the strategies alone: the pin a campaign
+    holds while it draws (``campaign.fixed_constants``) holds for the whole session."""
+    from overlapcheck.fuzz.campaign import fixed_constants
+    fixed_constants().__enter__()      # never left: the session ends with it
 
 
 _no_local_constants()
