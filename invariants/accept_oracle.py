@@ -79,6 +79,18 @@ class AcceptOracle(Checker):
                                       ev.iteration))
         out.extend(ev.tokens)
 
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch):
+        """``on_Verified`` over the run in one loop."""
+        outs, specs, verifies, it, bid = self.out, self.specs, self.verifies, ev.iteration, ev.batch
+        for rid, index, got, tokens, dropped in zip(ev.rids, ev.index, ev.accept_len,
+                                                     ev.tokens, ev.dropped):
+            out = outs.get(rid)
+            if dropped or out is None:
+                continue
+            verifies[rid].append((index, len(specs[rid].prompt) + len(out) - 1, got,
+                                  len(tokens), bid, it))
+            out.extend(tokens)
+
     def on_Finished(self, ev: E.Finished):
         return self._check(ev.rid)
 

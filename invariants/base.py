@@ -4,7 +4,9 @@ A checker is a pure consumer. It is fed the engine's observer events one at a ti
 (``feed``) and the end of the run (``finish``); it returns ``Violation`` objects and
 never raises on a finding, never mutates the engine and never touches the device.
 Handlers are methods named after the event class (``on_Allocated``), as in PyTorch's
-CUDA sanitizer: one handler per event kind; events without a handler are ignored.
+CUDA sanitizer: one handler per event kind; events without a handler are ignored. The
+monitor hands a batch's decode results over as one ``VerifiedBatch``; the default
+handler feeds its ``Verified`` and ``Canary`` events one by one.
 
 Checkers are built by name with ``make_checkers(names, **context)``; the context
 (e.g. ``reference=`` a non-overlap ``RunResult`` for parity) is offered to every
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,19 @@ class Checker:
         if not h:
             return []
         return h(event) or []
+
+    def on_VerifiedBatch(self, event) -> List[Tuple[int, Violation]]:
+        """A run of a batch's decode results in one event (docs/design.md §5.4): by
+        default, each ``Verified`` and ``Canary`` it stands for, in order. Returns each
+        violation with the position of its event in ``event.events()`` (the monitor
+        lists the run's violations by it, as the per-request events would have). A
+        checker on the hot path overrides it with one loop over the run's columns, and
+        gives the same as this."""
+        out: List[Tuple[int, Violation]] = []
+        for p, ev in enumerate(event.events()):
+            for v in self.feed(ev):
+                out.append((p, v))
+        return out
 
     def finish(self) -> List[Violation]:
         """The run ended; report what only the end can show."""

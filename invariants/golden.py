@@ -69,6 +69,15 @@ class Golden(Checker):
         if not ev.dropped and ev.rid in self.out:
             self._keep(ev, ev.tokens)
 
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch):
+        """``on_Verified`` over the run in one loop."""
+        outs, kept_of, it, bid = self.out, self.kept, ev.iteration, ev.batch
+        for rid, tokens, dropped in zip(ev.rids, ev.tokens, ev.dropped):
+            out = outs.get(rid)
+            if not dropped and out is not None:
+                out.extend(tokens)
+                kept_of[rid].append((len(out), it, bid))
+
     def on_Finished(self, ev: E.Finished):
         return self._check(ev.iteration, ev.batch, ev.rid, list(ev.tokens), ev.reason)
 

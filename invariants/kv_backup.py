@@ -20,7 +20,7 @@ is idle.
 """
 from __future__ import annotations
 
-from typing import List, Set
+from typing import List, Set, Tuple
 
 from overlapcheck.engine import events as E
 
@@ -34,6 +34,14 @@ class KVBackup(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.reported: Set[int] = set()
+
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
+        """``on_Canary`` over the run's records (none without the KV backup)."""
+        out: List[Tuple[int, Violation]] = []
+        if ev.backup and ev.records:
+            for i in range(len(ev.rids)):
+                out += [(ev.position(i, canary=True), v) for v in self.on_Canary(ev.canary(i))]
+        return out
 
     def on_Canary(self, ev: E.Canary) -> List[Violation]:
         if len(ev.backup) < 7 or ev.rid in self.reported:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from overlapcheck.engine import events as E
+from overlapcheck.engine.canary import C_BAD, C_DIGEST, C_LEN
 from overlapcheck.engine.events import DIGEST_M
 
 from .base import Checker, Violation
@@ -89,6 +90,29 @@ class KVCanary(Checker):
             if toks is None or n > len(toks) or self.digest(rid, n) == ev.digest:
                 return []
         return self._check(ev, exp)
+
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
+        """``on_Verified``, then ``on_Canary`` when the run has records, entry by entry
+        in one loop."""
+        tokens, kept, records, bid = self.tokens, self.kept, ev.records, ev.batch
+        out: List[Tuple[int, Violation]] = []
+        for i, (rid, new, dropped) in enumerate(zip(ev.rids, ev.tokens, ev.dropped)):
+            toks = tokens.get(rid)
+            if toks is not None and not dropped:
+                kept[rid] = (bid, len(toks) - 1)
+                toks.extend(new)
+            if not records:
+                continue
+            rec = records[i]
+            k = kept.pop(rid, None)
+            exp = k[1] if k is not None and k[0] == bid else None
+            n = rec[C_LEN]
+            if not rec[C_BAD] and n >= 0 and (exp is None or exp == n) and (
+                    toks is None or n > len(toks) or self.digest(rid, n) == rec[C_DIGEST]):
+                continue
+            p = ev.position(i, canary=True)
+            out += [(p, v) for v in self._check(ev.canary(i), exp)]
+        return out
 
     def _check(self, ev: E.Canary, exp) -> List[Violation]:
         """The record's violations; ``exp``: the committed length the host kept for its

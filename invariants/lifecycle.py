@@ -9,7 +9,7 @@ finished/aborted); tokens and ends from ``Prefilled``/``Verified``/``Finished``/
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from overlapcheck.engine import events as E
 from overlapcheck.engine.types import LEGAL
@@ -106,6 +106,22 @@ class Lifecycle(Checker):
             out.extend(tokens)      # nearly every verify: _keep's common case, inline
             return []
         return self._keep(ev, rid, tokens)
+
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
+        """``on_Verified`` over the run in one loop."""
+        v: List[Tuple[int, Violation]] = []
+        outs, specs, closed, stop_ids = self.out, self.specs, self.closed, self.stop_ids
+        for i, (rid, tokens, dropped) in enumerate(zip(ev.rids, ev.tokens, ev.dropped)):
+            if dropped:
+                continue
+            out, spec = outs.get(rid), specs.get(rid)
+            if (out is not None and spec is not None and rid not in closed
+                    and stop_ids[rid].isdisjoint(tokens)
+                    and len(out) + len(tokens) <= spec.max_new_tokens):
+                out.extend(tokens)
+            else:
+                v += [(ev.position(i), x) for x in self._keep(ev, rid, tokens)]
+        return v
 
     def _end(self, ev, how: str, reason: str) -> List[Violation]:
         rid, v = ev.rid, []

@@ -95,6 +95,13 @@ class Liveness(Checker):
         if ev.tokens and not ev.dropped:
             self.progress, self.retracted_since = ev.iteration, 0    # _progressed, inline
 
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch):
+        """``on_Verified`` over the run: progress when any entry kept tokens."""
+        for tokens, dropped in zip(ev.tokens, ev.dropped):
+            if tokens and not dropped:
+                self.progress, self.retracted_since = ev.iteration, 0
+                break
+
     def _livelock_bound(self) -> int:
         cfg = self.cfg
         batches = sum(-(-min(self.size.get(rid, 0), cfg.max_context) // cfg.chunk_size)

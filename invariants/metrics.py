@@ -11,7 +11,7 @@ accept length, tokens, verifies, finishes, aborts, retractions) and each
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from overlapcheck.engine import events as E
 
@@ -44,6 +44,22 @@ class Metrics(Checker):
             return []
         self.tokens[ev.rid].append(ev.token)
         return self._kept_after_end(ev, "prefill token")
+
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
+        """``on_Verified`` over the run in one loop."""
+        out: List[Tuple[int, Violation]] = []
+        accepts_of, tokens_of, ended = self.accepts, self.tokens, self.ended
+        for i, (rid, index, got, tokens, dropped) in enumerate(zip(
+                ev.rids, ev.index, ev.accept_len, ev.tokens, ev.dropped)):
+            if dropped:
+                continue
+            accepts = accepts_of[rid]
+            if index == len(accepts) and rid not in ended:
+                accepts.append(got)
+                tokens_of[rid].extend(tokens)
+            else:
+                out += [(ev.position(i), v) for v in self.on_Verified(ev.verified(i))]
+        return out
 
     def on_Verified(self, ev: E.Verified):
         if ev.dropped:

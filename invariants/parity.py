@@ -13,7 +13,7 @@ and ``parity_accept`` (default True; False for a no-spec reference: tokens only)
 """
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 from overlapcheck.engine import events as E
 
@@ -76,6 +76,26 @@ class Parity(Checker):
         if not ev.dropped and ev.token >= 0:
             return self._append(ev, ev.rid, (ev.token,))
         return []
+
+    def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
+        """``on_Verified`` over the run in one loop."""
+        out: List[Tuple[int, Violation]] = []
+        if self.ref is None:
+            return out
+        cursor, diverged, accept = self.cursor, self.diverged, self.accept
+        for i, (rid, index, got, tokens, dropped) in enumerate(zip(
+                ev.rids, ev.index, ev.accept_len, ev.tokens, ev.dropped)):
+            if dropped or rid in diverged:
+                continue
+            cur = cursor.get(rid)
+            if cur is not None:     # the common case, as in on_Verified
+                p, ref_tokens, ref_accepts = cur
+                if ((not accept or index >= len(ref_accepts) or ref_accepts[index] == got)
+                        and ref_tokens[p:p + len(tokens)] == tokens):
+                    cur[0] = p + len(tokens)
+                    continue
+            out += [(ev.position(i), v) for v in self.on_Verified(ev.verified(i))]
+        return out
 
     def on_Verified(self, ev: E.Verified):
         if ev.dropped or self.ref is None or ev.rid in self.diverged:

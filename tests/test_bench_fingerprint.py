@@ -52,7 +52,7 @@ def test_an_engine_change_shows_as_a_digest(base, capsys, monkeypatch):
 
 
 def test_a_checker_change_shows_as_findings(base, capsys, monkeypatch):
-    from invariants.base import Violation
+    from invariants.base import Checker, Violation
     from invariants.metrics import Metrics
     real = Metrics.on_Verified
 
@@ -61,6 +61,8 @@ def test_a_checker_change_shows_as_findings(base, capsys, monkeypatch):
             return [Violation(self.name, ev.iteration, "planted", site=("planted",))]
         return real(self, ev)
     monkeypatch.setattr(Metrics, "on_Verified", judged_otherwise)
+    # a batch's results then reach it through on_Verified (the default expansion)
+    monkeypatch.setattr(Metrics, "on_VerifiedBatch", Checker.on_VerifiedBatch)
     capsys.readouterr()
     assert FP.main(ARGS + ["--against", base]) == 1
     out = capsys.readouterr().out

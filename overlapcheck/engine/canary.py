@@ -30,6 +30,13 @@ def backup_fields(rec) -> tuple:
     return tuple(rec[BK_START:CANARY])
 
 
+def canary_fields(rec, backup: bool) -> tuple:
+    """The ``Canary`` fields after (iteration, batch, rid) of a record; ``backup``: the
+    record carries the KV backup's check."""
+    n, bad, slot, pos, tok, kpos, rid, digest = rec[:C_DIGEST + 1]
+    return (n, bad, slot, pos, (tok, kpos, rid), digest, backup_fields(rec) if backup else ())
+
+
 def tag_columns(model):
     """The (token, position, request) columns of ``model``'s KV rows, or None."""
     return getattr(model, "kv_tag_columns", None)

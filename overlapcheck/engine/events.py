@@ -202,6 +202,56 @@ class Canary(Event):
 
 
 @dataclass(frozen=True)
+class VerifiedBatch(Event):
+    """Consecutive decode results of one batch, with their canary records, in one event
+    (docs/design.md §5.4): exactly the ``Verified`` events, each followed by its
+    ``Canary`` when ``records`` is not empty, that ``events()`` gives, in that order.
+    The engine sends it only to an observer with ``batched = True`` (the monitor, whose
+    checkers may take the whole run in one handler, ``on_VerifiedBatch``); any other
+    observer gets the per-request events. Columns, one item per entry: ``rids``,
+    ``index``, ``accept_len``, ``tokens``, ``dropped`` as in ``Verified``; ``records``:
+    the canary records (``engine/canary.py``'s columns) or empty; ``backup``: the records
+    carry the KV backup's check."""
+
+    rids: Tuple[RequestId, ...]
+    index: Tuple[int, ...]
+    accept_len: Tuple[int, ...]
+    tokens: Tuple[Tuple[int, ...], ...]
+    dropped: Tuple[bool, ...]
+    records: Tuple[Sequence[int], ...] = ()
+    backup: bool = False
+
+    def verified(self, i: int) -> Verified:
+        """Entry ``i``'s ``Verified`` event."""
+        return Verified(self.iteration, self.batch, self.rids[i], self.index[i],
+                        self.accept_len[i], self.tokens[i], self.dropped[i])
+
+    def canary(self, i: int) -> Canary:
+        """Entry ``i``'s ``Canary`` event (``records`` not empty)."""
+        from .canary import canary_fields
+        return Canary(self.iteration, self.batch, self.rids[i],
+                      *canary_fields(self.records[i], self.backup))
+
+    def position(self, i: int, canary: bool = False) -> int:
+        """Where entry ``i``'s ``Verified`` (or, ``canary``, its ``Canary``) is in
+        ``events()``: a handler of the run tags each violation with it."""
+        return 2 * i + canary if self.records else i
+
+    def events(self) -> list:
+        """The per-request events this one stands for, in the order the engine would
+        have sent them (built once: every checker that expands it shares them)."""
+        out = self.__dict__.get("_events")
+        if out is None:
+            out = []
+            for i in range(len(self.rids)):
+                out.append(self.verified(i))
+                if self.records:
+                    out.append(self.canary(i))
+            self.__dict__["_events"] = out
+        return out
+
+
+@dataclass(frozen=True)
 class RaceFound(Event):
     """The runtime's race detector reported ``report`` (a ``RaceReport``) during this
     step; emitted before the step's ``StepEnd``."""

@@ -41,6 +41,11 @@ class Engine:
     def __init__(self, cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = None,
                  strict: bool = False, canary: Optional[bool] = None):
         self.cfg, self.rt, self.observer, self.strict = cfg, rt, observer, strict
+        # an observer that takes a decode's results as ``VerifiedBatch`` runs (§5.4); the
+        # run being gathered: its (batch, records, backup) and one row per entry
+        self.batched = bool(getattr(observer, "batched", False))
+        self._run_of: Optional[tuple] = None
+        self._run: List[tuple] = []
         self.canary = observer is not None if canary is None else canary
         self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
@@ -75,7 +80,19 @@ class Engine:
 
     def _emit(self, ev: E.Event) -> None:
         if self.observer is not None:
+            if self._run:
+                self._send_run()
             self.observer(ev)
+
+    def _send_run(self) -> None:
+        """Send the decode results gathered so far as one ``VerifiedBatch``: before any
+        other event, so the observer sees them in the order of the per-request events."""
+        rows, self._run = self._run, []
+        bid, cans, backup = self._run_of
+        at, rids, index, acc, tokens, dropped = zip(*rows)
+        self.observer(E.VerifiedBatch(self.iteration, bid, rids, index, acc, tokens, dropped,
+                                      () if cans is None else tuple(cans[i] for i in at),
+                                      backup))
 
     # -- input ---------------------------------------------------------------------------
     def add(self, spec: RequestSpec) -> None:
@@ -250,6 +267,21 @@ class Engine:
         cans = self.worker.canary(batch) if self.observer is not None else None
         # a decode's canary records carry the KV backup's check (backup_check)
         backup = self.worker.backup_canary and batch.kind != PREFILL
+        # a batched observer gets the decode results as runs (``_send_run``)
+        run = self.batched and batch.kind != PREFILL
+        if run:
+            self._run_of = (bid, cans, backup)
+        try:
+            self._results(batch, toks, accs, cans, backup, run)
+        finally:
+            if self._run:   # also when the engine raised: what was kept was seen
+                self._send_run()
+        self.mem.on_processed(bid, it)
+
+    def _results(self, batch: Batch, toks, accs, cans, backup: bool, run: bool) -> None:
+        """Process ``batch``'s results entry by entry; ``run``: gather the decode results
+        for a ``VerifiedBatch`` instead of sending a ``Verified`` and ``Canary`` each."""
+        it, bid = self.iteration, batch.bid
         for i, (e, t, a) in enumerate(zip(batch.entries, toks, accs)):
             r = self.requests[e.rid]
             before = self._shared_before((r,))
@@ -273,10 +305,13 @@ class Engine:
                                       it, bid)
                 elif self.faults.on("lagged-verify-counted") and r.state == FINISHED:
                     r.accept_lens.append(a)             # fault: a dropped verify counted
-                self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept, not live))
-            if cans is not None:
-                self._emit(E.Canary(it, bid, r.rid,
-                                    *_canary_fields(cans[i], backup)))
+                if run:
+                    self._run.append((i, r.rid, index if live else -1, a, kept, not live))
+                elif self.observer is not None:
+                    self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept,
+                                          not live))
+            if cans is not None and not run:
+                self._emit(E.Canary(it, bid, r.rid, *C.canary_fields(cans[i], backup)))
             if ended is not None:
                 self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:
@@ -284,7 +319,6 @@ class Engine:
                 if not (self.faults.on("abort-zombie") and batch.kind == PREFILL):
                     self._teardown(r, ABORTED, ABORT, bid)
             self._declare_writes(before, bid)
-        self.mem.on_processed(bid, it)
 
     def _append(self, r: Request, tokens: Iterable[int]) -> Tuple[tuple, Optional[str]]:
         """Append accepted tokens, cut at a stop token or the length limit; returns the
@@ -415,14 +449,3 @@ def _rid(st: E.ReqState) -> int:
     return st.rid
 
 
-def _canary_fields(rec, backup: bool) -> tuple:
-    """The ``Canary`` fields after (iteration, batch, rid) of a canary record; ``backup``:
-    the record carries the KV backup's check."""
-    n, bad, slot, pos, tok, kpos, rid, digest = rec[:C.C_DIGEST + 1]
-    return (n, bad, slot, pos, (tok, kpos, rid), digest,
-            C.backup_fields(rec) if backup else ())
-
-
-# the record's fields in the order unpacked above
-assert (C.C_LEN, C.C_BAD, C.C_SLOT, C.C_POS, C.C_TOK, C.C_KPOS, C.C_RID,
-        C.C_DIGEST) == tuple(range(8))

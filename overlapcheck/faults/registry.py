@@ -86,13 +86,13 @@ _ENTRIES = (
           "SGLang/vLLM: stop token inside an accept run that also crosses max_new_tokens "
           "(finished as length, post-stop tokens kept)",
           "lifecycle", "spec, stop ids, a stop token inside the final accept run"),
-    Fault("lagged-verify-counted", 9, "engine/loop.py Engine._process",
+    Fault("lagged-verify-counted", 9, "engine/loop.py Engine._results",
           "the verify result of a request whose finish was already known when its lagged "
           "batch is processed is counted again in its accept lengths",
           "SGLang spec metrics: finished or retracted requests in the lagged batch counted "
           "again (mean accept length reported too low)",
           "metrics", "overlap and spec; a request finishing while riding the next batch"),
-    Fault("abort-zombie", 10, "engine/loop.py Engine._process",
+    Fault("abort-zombie", 10, "engine/loop.py Engine._results",
           "an abort that arrives while the request rides a prefill batch is deferred to that "
           "batch's result and then never carried out: the request is neither torn down nor "
           "scheduled again, a zombie that keeps the engine from going idle",

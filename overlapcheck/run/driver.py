@@ -228,6 +228,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
         if isinstance(ev, E.StepEnd):
             marks.append((ev.iteration, session.clock))
 
+    observer.batched = monitor.batched      # it passes a VerifiedBatch on as it is
     session = target.open(case.config, strategy, observer, case.faults, trace=trace, **options)
     result, status, diverged = None, COMPLETED, None
     try:

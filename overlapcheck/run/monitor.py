@@ -30,9 +30,34 @@ class Halt(Exception):
 _PLANS: Dict[tuple, Dict[type, list]] = {}
 
 
+EXPAND = "feed each"     # a plan entry: feed the events a VerifiedBatch stands for
+
+
+def _expanding(feed):
+    """``feed`` over the per-request events of a ``VerifiedBatch``: (position, violation)
+    pairs, as ``Checker.on_VerifiedBatch`` returns them."""
+    def handle(ev):
+        out = []
+        for p, e in enumerate(ev.events()):
+            out.extend((p, v) for v in feed(e) or ())
+        return out
+    return handle
+
+
+def _event_then_checker(item) -> tuple:
+    return item[:2]
+
+
 class Monitor:
     """``Monitor(checkers, log=None)`` is the engine's observer. ``violations``: every
-    violation in order; ``findings()``: one per (checker, site), the first seen."""
+    violation in order; ``findings()``: one per (checker, site), the first seen.
+
+    It takes a batch's decode results as one ``VerifiedBatch`` (``batched``): each
+    checker gets the run at once, and the run's violations are listed by the position
+    of their event, then by checker, as the per-request events give them (docs/design.md
+    §5.4). The log gets the per-request events."""
+
+    batched = True
 
     def __init__(self, checkers: Sequence[Checker], log=None):
         self.checkers = list(checkers)
@@ -55,7 +80,8 @@ class Monitor:
         if plan is None:
             plan = plans[cls] = self._plan(cls)
         checkers = self.checkers
-        route = self._routes[cls] = [(checkers[i], getattr(checkers[i], name))
+        route = self._routes[cls] = [(checkers[i], _expanding(checkers[i].feed)
+                                      if name == EXPAND else getattr(checkers[i], name))
                                      for i, name in plan]
         return route
 
@@ -66,19 +92,30 @@ class Monitor:
                 continue
             if type(c).feed is Checker.feed:
                 name = "on_" + cls.__name__
+                if cls is E.VerifiedBatch and type(c).on_VerifiedBatch is \
+                        Checker.on_VerifiedBatch and not (
+                            getattr(c, "on_Verified", None) or getattr(c, "on_Canary", None)):
+                    continue    # the default expansion would reach no handler
                 if getattr(c, name, None):
                     plan.append((i, name))
-            else:
-                plan.append((i, "feed"))
+            else:       # its own ``feed`` sees the per-request events only
+                plan.append((i, EXPAND if cls is E.VerifiedBatch else "feed"))
         return plan
 
     def __call__(self, ev) -> None:
-        if self.log is not None:
-            self.log.event(ev)
         cls = type(ev)
+        if self.log is not None:
+            if cls is E.VerifiedBatch:
+                for e in ev.events():
+                    self.log.event(e)
+            else:
+                self.log.event(ev)
         route = self._routes.get(cls)
         if route is None:
             route = self._route(cls)
+        if cls is E.VerifiedBatch:
+            self._run(ev, route)
+            return
         for c, handle in route:
             try:
                 found = handle(ev)
@@ -90,6 +127,28 @@ class Monitor:
                     self._violation(v)
                 if c.fatal and not isinstance(ev, E.Stalled):
                     raise Halt(found[0])
+
+    def _run(self, ev: E.VerifiedBatch, route: list) -> None:
+        """Each checker takes the whole run; their violations are then listed as the
+        per-request events would have given them: by event, then by checker (which
+        finding comes first decides what a campaign shrinks)."""
+        found = []
+        for k, (c, handle) in enumerate(route):
+            try:
+                got = handle(ev)
+            except Exception as e:  # noqa: BLE001 - as in __call__
+                self._crashed(c, ev, e)
+                continue
+            if got:
+                found += [(p, k, v, c) for p, v in got]
+        if not found:
+            return
+        found.sort(key=_event_then_checker)
+        for _, _, v, _ in found:
+            self._violation(v)
+        fatal = next((v for _, _, v, c in found if c.fatal), None)
+        if fatal is not None:
+            raise Halt(fatal)
 
     def _violation(self, v: Violation) -> None:
         self.violations.append(v)
