@@ -8,10 +8,11 @@ the digest equal to that of the request's own tokens at positions 0..n-1 (when t
 knows them all); and for a verify the host kept, the device read exactly the committed
 length the host had (a stale FutureMap length reads rejected draft slots).
 
-The expected digests are kept as prefix digests, one per committed length, extended
-as far as a record reads (a record then costs its newly read tokens, not O(context),
-and a long run's steps do not grow slower with its contexts); a result only appends
-its tokens, so a model without canary records pays nearly nothing here.
+The expected digest is kept per request as that of the longest read so far, extended
+to a longer read by its new tokens (a record then costs its newly read tokens, not
+O(context), and a long run's steps do not grow slower with its contexts); a shorter
+read (after a retraction) is summed from the start. A result only appends its
+tokens, so a model without canary records pays nearly nothing here.
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ class KVCanary(Checker):
     def __init__(self, **context) -> None:
         super().__init__()
         self.tokens: Dict[int, List[int]] = {}          # prompt + accepted output, per request
-        # per request: prefix[n] = E.token_digest(tokens[:n]), for n up to the longest
-        # read so far (``digest`` extends it)
-        self.prefix: Dict[int, List[int]] = {}
+        # per request: (n, E.token_digest(tokens[:n])) for the longest read so far
+        # (``digest`` moves it)
+        self.mark: Dict[int, Tuple[int, int]] = {}
         # per request: (batch, committed length) of its kept verify whose record is due
         # (a record comes right after its entry's result: ``events.Canary``)
         self.kept: Dict[int, Tuple[int, int]] = {}
@@ -53,22 +54,26 @@ class KVCanary(Checker):
     def on_Arrived(self, ev: E.Arrived):
         if ev.spec is not None:
             self.tokens[ev.rid] = list(ev.spec.prompt)
-            self.prefix[ev.rid] = [0]
+            self.mark[ev.rid] = (0, 0)
 
     def digest(self, rid: int, n: int) -> int:
         """``events.token_digest`` of the request's first ``n`` tokens (``n`` at most
-        its count), from its prefix digests, extended to ``n`` one position at a time
-        (the sum of (t mod M) * w mod M and t * w agree mod M)."""
-        pref = self.prefix[rid]
-        if n >= len(pref):
-            toks, w = self.tokens[rid], _WEIGHTS
-            if len(w) < n:
-                _grow_weights(n)
-            h = pref[-1]
-            for p in range(len(pref) - 1, n):
-                h = (h + toks[p] * w[p]) % DIGEST_M
-                pref.append(h)
-        return pref[n]
+        its count): from the mark on when ``n`` reaches it, else from the start, one
+        position at a time (the sum of (t mod M) * w mod M and t * w agree mod M)."""
+        start, h = self.mark[rid]
+        if n == start:
+            return h
+        longer = n > start
+        if not longer:
+            start, h = 0, 0
+        toks, w = self.tokens[rid], _WEIGHTS
+        if len(w) < n:
+            _grow_weights(n)
+        for p in range(start, n):
+            h = (h + toks[p] * w[p]) % DIGEST_M
+        if longer:
+            self.mark[rid] = (n, h)
+        return h
 
     def on_Prefilled(self, ev: E.Prefilled):
         if not ev.dropped and ev.token >= 0 and ev.rid in self.tokens:
@@ -99,13 +104,19 @@ class KVCanary(Checker):
         for i, (rid, new, dropped) in enumerate(zip(ev.rids, ev.tokens, ev.dropped)):
             toks = tokens.get(rid)
             if toks is not None and not dropped:
-                kept[rid] = (bid, len(toks) - 1)
+                exp = len(toks) - 1
                 toks.extend(new)
-            if not records:
+                if not records:
+                    kept[rid] = (bid, exp)
+                    continue
+                if kept:            # its record is right here: nothing stays due
+                    kept.pop(rid, None)
+            elif not records:
                 continue
+            else:
+                k = kept.pop(rid, None) if kept else None
+                exp = k[1] if k is not None and k[0] == bid else None
             rec = records[i]
-            k = kept.pop(rid, None)
-            exp = k[1] if k is not None and k[0] == bid else None
             n = rec[C_LEN]
             if not rec[C_BAD] and n >= 0 and (exp is None or exp == n) and (
                     toks is None or n > len(toks) or self.digest(rid, n) == rec[C_DIGEST]):
