@@ -234,10 +234,13 @@ def make_case(name, model, batch, args, overlap):
     return cfg, Workload(reqs)
 
 
-def make_monitor(ref):
+def make_monitor(ref, model):
+    """Every default checker, as a run of the reference target gets them: parity's
+    reference, and whether ``model``'s KV has the canary's tags."""
     from invariants import make_checkers
+    from overlapcheck.engine.canary import tag_columns
     from overlapcheck.run import Monitor
-    return Monitor(make_checkers((), reference=ref))
+    return Monitor(make_checkers((), reference=ref, kv_tags=tag_columns(model) is not None))
 
 
 class ModeRun:
@@ -255,7 +258,7 @@ class ModeRun:
         graphs = args.graphs and device_info(args.device).gpu
         rt = make_runtime(args.device, seed=0, strategy="eager", detect=detect,
                           access="declared", graphs=graphs)
-        self.mon = make_monitor(ref) if checked else None
+        self.mon = make_monitor(ref, model) if checked else None
         self.eng = build_engine(cfg, rt, model, self.mon)
         self.w = Window(self.eng, args.device, batch, args.settle if settle is None else settle,
                         steps or args.steps, args.windows if windows is None else windows, hooks,

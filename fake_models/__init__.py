@@ -25,7 +25,15 @@ from .tiny import TinyModel
 
 MODELS = ("oracle", "oracle-hostlens", "tiny")
 
-__all__ = ["OracleModel", "TinyModel", "MODELS", "make_model"]
+__all__ = ["OracleModel", "TinyModel", "MODELS", "kv_tagged", "make_model"]
+
+
+def kv_tagged(name: str) -> bool:
+    """Whether model ``name``'s KV rows carry the (token, position, request) tags the
+    engine's KV canary checks (``kv_tag_columns``), without building the model: the
+    oracle's do; the tiny and real-architecture models' hold keys and values only."""
+    cls = {"oracle": OracleModel, "oracle-hostlens": OracleModel, "tiny": TinyModel}.get(name)
+    return getattr(cls, "kv_tag_columns", None) is not None
 
 
 def make_model(name: str, **kw):

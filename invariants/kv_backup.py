@@ -16,11 +16,11 @@ the first one and the (token, position, request) the host pool held there). So:
 
 Only models whose KV rows carry tags have the canary record (the oracle family), and
 only configs with ``backup_canary`` (the default) keep the spans: elsewhere this checker
-is idle.
+sees nothing. Context: ``kv_tags`` False (the model's KV has no tags) makes it idle.
 """
 from __future__ import annotations
 
-from typing import List, Set, Tuple
+from typing import List, Optional, Set, Tuple
 
 from overlapcheck.engine import events as E
 
@@ -31,8 +31,9 @@ class KVBackup(Checker):
     name = "kv-backup"
     targets = ("reference",)
 
-    def __init__(self, **context) -> None:
+    def __init__(self, kv_tags: Optional[bool] = None, **context) -> None:
         super().__init__()
+        self.idle = kv_tags is False    # no canary record, no backup check (kv-canary's)
         self.reported: Set[int] = set()
 
     def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:

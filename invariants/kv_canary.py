@@ -13,10 +13,13 @@ to a longer read by its new tokens (a record then costs its newly read tokens, n
 O(context), and a long run's steps do not grow slower with its contexts); a shorter
 read (after a retraction) is summed from the start. A result only appends its
 tokens, so a model without canary records pays nearly nothing here.
+
+Context: ``kv_tags`` False (the model's KV has no tags: no record will come, e.g. the
+real-architecture models) makes it idle; the reference target says so for its model.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from overlapcheck.engine import events as E
 from overlapcheck.engine.canary import C_BAD, C_DIGEST, C_LEN
@@ -41,8 +44,11 @@ class KVCanary(Checker):
     name = "kv-canary"
     targets = ("reference",)    # reads what only the reference engine emits
 
-    def __init__(self, **context) -> None:
+    def __init__(self, kv_tags: Optional[bool] = None, **context) -> None:
         super().__init__()
+        # ``kv_tags`` False: the model's KV has no canary tags, so no record comes (and
+        # keeping every request's tokens would be for nothing); None: not known
+        self.idle = kv_tags is False
         self.tokens: Dict[int, List[int]] = {}          # prompt + accepted output, per request
         # per request: (n, E.token_digest(tokens[:n])) for the longest read so far
         # (``digest`` moves it)

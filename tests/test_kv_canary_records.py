@@ -1,5 +1,6 @@
 """kv-canary on records the host read too early: a poison or stale canary record is a
-violation of its own (the copy had not landed), never a crash of the checker."""
+violation of its own (the copy had not landed), never a crash of the checker; and the
+canary checkers are idle where no record can come."""
 from invariants.kv_canary import KVCanary
 from overlapcheck.engine import RequestSpec
 from overlapcheck.engine import events as E
@@ -61,3 +62,37 @@ def test_prefix_digests_read_longest_first_agree():
     toks = [5, 6, 7, 8, 9, 10]
     for n in (6, 3, 0, 5):
         assert c.digest(7, n) == E.token_digest(toks[:n])
+
+
+def test_the_canary_checkers_are_idle_exactly_where_no_record_can_come():
+    """``kv_tags`` False (a model whose KV has no tags) makes kv-canary and kv-backup
+    idle; the reference target says so by model name, and such a model's run indeed
+    sends no canary record, while the oracle's does."""
+    from fake_models import kv_tagged, make_model
+    from invariants import make_checkers
+    from overlapcheck import targets
+    from overlapcheck.engine import EngineConfig, generate, make_engine
+    from overlapcheck.engine.canary import tag_columns
+    from overlapcheck.run import Case, ScheduleSpec, execute
+    for tags, idle in ((False, True), (True, False), (None, False)):
+        assert [c.idle for c in make_checkers(["kv-canary", "kv-backup"], kv_tags=tags)] == [idle] * 2
+    for name in ("oracle", "oracle-hostlens", "tiny"):
+        assert kv_tagged(name) == (tag_columns(make_model(name)) is not None)
+    assert not kv_tagged("trained") and not kv_tagged("random:tiny-llama")
+    for name in ("oracle", "tiny"):
+        cfg = EngineConfig(model=name, page_size=4, pool_tokens=256, row_width=64,
+                           max_running=4, chunk_size=16, spec_steps=3)
+        assert targets.get("reference").checker_context(cfg)["kv_tags"] == kv_tagged(name)
+        records = []
+
+        def factory(cfg, rt, model, observer):
+            def obs(ev):
+                records.extend([ev] if isinstance(ev, E.Canary) else
+                               list(getattr(ev, "records", ())))
+                observer(ev)
+            obs.batched = True
+            return make_engine(cfg, rt, model, obs)
+        out = execute(Case(cfg, generate(1, 3, cfg, max_new=6), ScheduleSpec("random", 1), ()),
+                      engine=factory)
+        assert out.status == "completed" and not out.findings
+        assert bool(records) == kv_tagged(name)

@@ -72,10 +72,14 @@ class ReferenceTarget(Target):
     def checker_context(self, cfg, device: Optional[str] = None) -> dict:
         """The golden reference of the config's model (``fake_models.golden``: on the CPU,
         or on ``device``'s GPU; one per model, row width and device, shared by the runs of
-        a process) and the config, for the golden and accept-oracle checkers."""
+        a process) and the config, for the golden and accept-oracle checkers; whether the
+        model's KV carries the canary's tags (``kv_tags``: without them the kv-canary and
+        kv-backup checkers have no record to read)."""
+        from fake_models import kv_tagged
         from fake_models.golden import shared
         where = "cuda" if device is not None and device_info(device).gpu else "cpu"
-        return {"model_golden": shared(cfg.model, cfg.row_width, where), "engine_config": cfg}
+        return {"model_golden": shared(cfg.model, cfg.row_width, where), "engine_config": cfg,
+                "kv_tags": kv_tagged(cfg.model)}
 
     def reference_device(self, cfg, device: str, model=None) -> Optional[str]:
         """``device`` when the model's GPU kernels there are not exact (batch invariant
