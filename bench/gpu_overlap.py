@@ -19,7 +19,9 @@ window boundaries: nothing drains the pipeline between windows (a synchronizatio
 would idle the GPU for a host step at every boundary). The collector is off over the
 windows. Modes:
 ``overlap`` and ``non-overlap`` (no observer, race detector off), ``checked`` (every
-checker; parity against a non-overlap run a few steps longer; detector off) and
+default checker; parity against a non-overlap run a few steps longer; golden and
+accept-oracle idle, as no golden model is built; the canary checkers idle for a model
+whose KV has no tags; detector off) and
 ``checked+detector``. Warm-up rounds (one run of every mode each) go on until every mode's
 rate agrees with its previous round's within ``--tol`` (2 to ``--warmup-rounds``); then
 ``--repeat`` measured rounds, the start order alternating (forward, backward, ...: ABBA
