@@ -94,7 +94,7 @@ class Checker:
         gives the same as this."""
         out: List[Tuple[int, Violation]] = []
         for p, ev in enumerate(event.events()):
-            for v in self.feed(ev):
+            for v in self.feed(ev) or ():
                 out.append((p, v))
         return out
 

@@ -8,6 +8,7 @@ instead of at the engine's step bound.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Dict, List, Sequence
 
 from invariants.base import Checker, Violation
@@ -31,17 +32,6 @@ _PLANS: Dict[tuple, Dict[type, list]] = {}
 
 
 EXPAND = "feed each"     # a plan entry: feed the events a VerifiedBatch stands for
-
-
-def _expanding(feed):
-    """``feed`` over the per-request events of a ``VerifiedBatch``: (position, violation)
-    pairs, as ``Checker.on_VerifiedBatch`` returns them."""
-    def handle(ev):
-        out = []
-        for p, e in enumerate(ev.events()):
-            out.extend((p, v) for v in feed(e) or ())
-        return out
-    return handle
 
 
 def _event_then_checker(item) -> tuple:
@@ -80,7 +70,8 @@ class Monitor:
         if plan is None:
             plan = plans[cls] = self._plan(cls)
         checkers = self.checkers
-        route = self._routes[cls] = [(checkers[i], _expanding(checkers[i].feed)
+        # EXPAND: the base class's expansion, which calls the checker's own ``feed``
+        route = self._routes[cls] = [(checkers[i], partial(Checker.on_VerifiedBatch, checkers[i])
                                       if name == EXPAND else getattr(checkers[i], name))
                                      for i, name in plan]
         return route
