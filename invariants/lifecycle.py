@@ -44,6 +44,9 @@ class Lifecycle(Checker):
         self.overrun: Set[int] = set()         # kept a stop token, did not finish that step
         self.noted: Set[int] = set()           # already reported for tokens after their end
         self.closed: Set[int] = set()          # in ended, stopped or overrun (once in, for good)
+        # per request with a spec, not closed: (its kept tokens, max_new_tokens, its stop
+        # ids or None) -- the one lookup a verify's common case makes
+        self.open: Dict[int, Tuple[List[int], int, Optional[frozenset]]] = {}
 
     def _v(self, ev, rid: Optional[int], msg, expected, seen, kind) -> List[Violation]:
         return [Violation(self.name, ev.iteration, msg, expected, seen, (kind,),
@@ -53,11 +56,17 @@ class Lifecycle(Checker):
         if ev.rid in self.out:
             return self._v(ev, ev.rid, f"request {ev.rid} arrived twice", "one arrival per id",
                            "a second arrival", "duplicate-arrival")
-        self.out[ev.rid] = []
+        out = self.out[ev.rid] = []
         if ev.spec is not None:
             self.specs[ev.rid] = ev.spec
-            self.stop_ids[ev.rid] = frozenset(ev.spec.stop_ids)
+            stops = self.stop_ids[ev.rid] = frozenset(ev.spec.stop_ids)
+            if ev.rid not in self.closed:
+                self.open[ev.rid] = (out, ev.spec.max_new_tokens, stops or None)
         return []
+
+    def _close(self, rid: int) -> None:
+        self.closed.add(rid)
+        self.open.pop(rid, None)
 
     def _keep(self, ev, rid: int, tokens) -> List[Violation]:
         if not tokens:
@@ -85,7 +94,7 @@ class Lifecycle(Checker):
                          f"tokens {list(tokens)} kept", "stop-not-cut")
         if stops:
             self.stopped[rid] = ev.iteration
-            self.closed.add(rid)
+            self._close(rid)
         if len(out) > spec.max_new_tokens:
             v += self._v(ev, rid, f"request {rid}: output beyond max_new_tokens",
                          f"at most {spec.max_new_tokens} tokens", f"{len(out)} tokens",
@@ -99,28 +108,29 @@ class Lifecycle(Checker):
         if ev.dropped:
             return []
         rid, tokens = ev.rid, ev.tokens
-        out, spec = self.out.get(rid), self.specs.get(rid)
-        if (out is not None and spec is not None and rid not in self.closed
-                and self.stop_ids[rid].isdisjoint(tokens)
-                and len(out) + len(tokens) <= spec.max_new_tokens):
-            out.extend(tokens)      # nearly every verify: _keep's common case, inline
-            return []
+        rec = self.open.get(rid)
+        if rec is not None:
+            out, limit, stops = rec
+            if len(out) + len(tokens) <= limit and (stops is None or stops.isdisjoint(tokens)):
+                out.extend(tokens)      # nearly every verify: _keep's common case, inline
+                return []
         return self._keep(ev, rid, tokens)
 
     def on_VerifiedBatch(self, ev: E.VerifiedBatch) -> List[Tuple[int, Violation]]:
         """``on_Verified`` over the run in one loop."""
         v: List[Tuple[int, Violation]] = []
-        outs, specs, closed, stop_ids = self.out, self.specs, self.closed, self.stop_ids
+        get = self.open.get
         for i, (rid, tokens, dropped) in enumerate(zip(ev.rids, ev.tokens, ev.dropped)):
             if dropped:
                 continue
-            out, spec = outs.get(rid), specs.get(rid)
-            if (out is not None and spec is not None and rid not in closed
-                    and stop_ids[rid].isdisjoint(tokens)
-                    and len(out) + len(tokens) <= spec.max_new_tokens):
-                out.extend(tokens)
-            else:
-                v += [(ev.position(i), x) for x in self._keep(ev, rid, tokens)]
+            rec = get(rid)
+            if rec is not None:
+                out, limit, stops = rec
+                if len(out) + len(tokens) <= limit and (stops is None
+                                                        or stops.isdisjoint(tokens)):
+                    out.extend(tokens)
+                    continue
+            v += [(ev.position(i), x) for x in self._keep(ev, rid, tokens)]
         return v
 
     def _end(self, ev, how: str, reason: str) -> List[Violation]:
@@ -129,7 +139,7 @@ class Lifecycle(Checker):
             return self._v(ev, rid, f"request {rid} {how} after it {self.ended[rid]}",
                            "one end per request", f"{how} ({reason})", "ended-twice")
         self.ended[rid] = how
-        self.closed.add(rid)
+        self._close(rid)
         stopped = self.stopped.pop(rid, None) is not None or rid in self.overrun
         self.overrun.discard(rid)
         kept = self.out.get(rid, [])
