@@ -114,9 +114,10 @@ def run_rounds(counts, seconds: float, seed: int, rounds: int) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=20.0, help="each campaign's time box")
-    p.add_argument("--jobs", default="1,2")
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--seconds", type=float, default=20.0,
+                   help="each campaign's time box (default 20)")
+    p.add_argument("--jobs", default="1,2", help="job counts, comma-separated (default 1,2)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every job count, the order alternating (default 3)")
     p.add_argument("--seed", type=int, default=0)
