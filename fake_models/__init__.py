@@ -23,16 +23,20 @@ also reads the host's sequence lengths, ``reads_host_lens`` and ``host_lens_cut`
 from .oracle import OracleModel
 from .tiny import TinyModel
 
-MODELS = ("oracle", "oracle-hostlens", "tiny")
-
 __all__ = ["OracleModel", "TinyModel", "MODELS", "kv_tagged", "make_model"]
+
+
+# the models built here, by name: (class, its arguments)
+_BUILT = {"oracle": (OracleModel, {}), "oracle-hostlens": (OracleModel, {"host_lens": True}),
+          "tiny": (TinyModel, {})}
+MODELS = tuple(_BUILT)
 
 
 def kv_tagged(name: str) -> bool:
     """Whether model ``name``'s KV rows carry the (token, position, request) tags the
     engine's KV canary checks (``kv_tag_columns``), without building the model: the
     oracle's do; the tiny and real-architecture models' hold keys and values only."""
-    cls = {"oracle": OracleModel, "oracle-hostlens": OracleModel, "tiny": TinyModel}.get(name)
+    cls = _BUILT.get(name, (None,))[0]
     return getattr(cls, "kv_tag_columns", None) is not None
 
 
@@ -45,10 +49,7 @@ def make_model(name: str, **kw):
             return hf.trained()
         hf.check_name(name)
         return hf.from_dir(name[3:]) if name.startswith("hf:") else hf.random_pair(name[7:])
-    if name == "oracle":
-        return OracleModel(**kw)
-    if name == "oracle-hostlens":
-        return OracleModel(host_lens=True, **kw)
-    if name == "tiny":
-        return TinyModel(**kw)
+    if name in _BUILT:
+        cls, args = _BUILT[name]
+        return cls(**args, **kw)
     raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)}, trained, hf:DIR, random:NAME)")

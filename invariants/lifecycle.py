@@ -43,9 +43,8 @@ class Lifecycle(Checker):
         self.stopped: Dict[int, int] = {}      # rid -> step its stop token was kept, awaiting Finished
         self.overrun: Set[int] = set()         # kept a stop token, did not finish that step
         self.noted: Set[int] = set()           # already reported for tokens after their end
-        self.closed: Set[int] = set()          # in ended, stopped or overrun (once in, for good)
-        # per request with a spec, not closed: (its kept tokens, max_new_tokens, its stop
-        # ids or None) -- the one lookup a verify's common case makes
+        # per request with a spec, until it ends or keeps a stop token: (its kept tokens,
+        # max_new_tokens, its stop ids or None) -- the one lookup a verify's common case makes
         self.open: Dict[int, Tuple[List[int], int, Optional[frozenset]]] = {}
 
     def _v(self, ev, rid: Optional[int], msg, expected, seen, kind) -> List[Violation]:
@@ -60,13 +59,9 @@ class Lifecycle(Checker):
         if ev.spec is not None:
             self.specs[ev.rid] = ev.spec
             stops = self.stop_ids[ev.rid] = frozenset(ev.spec.stop_ids)
-            if ev.rid not in self.closed:
+            if ev.rid not in self.ended:
                 self.open[ev.rid] = (out, ev.spec.max_new_tokens, stops or None)
         return []
-
-    def _close(self, rid: int) -> None:
-        self.closed.add(rid)
-        self.open.pop(rid, None)
 
     def _keep(self, ev, rid: int, tokens) -> List[Violation]:
         if not tokens:
@@ -94,7 +89,7 @@ class Lifecycle(Checker):
                          f"tokens {list(tokens)} kept", "stop-not-cut")
         if stops:
             self.stopped[rid] = ev.iteration
-            self._close(rid)
+            self.open.pop(rid, None)
         if len(out) > spec.max_new_tokens:
             v += self._v(ev, rid, f"request {rid}: output beyond max_new_tokens",
                          f"at most {spec.max_new_tokens} tokens", f"{len(out)} tokens",
@@ -139,7 +134,7 @@ class Lifecycle(Checker):
             return self._v(ev, rid, f"request {rid} {how} after it {self.ended[rid]}",
                            "one end per request", f"{how} ({reason})", "ended-twice")
         self.ended[rid] = how
-        self._close(rid)
+        self.open.pop(rid, None)
         stopped = self.stopped.pop(rid, None) is not None or rid in self.overrun
         self.overrun.discard(rid)
         kept = self.out.get(rid, [])
