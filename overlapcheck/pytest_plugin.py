@@ -147,7 +147,7 @@ def overlapcheck_fuzz(request):
         from hypothesis import HealthCheck, given, settings
         from hypothesis import seed as hseed
         from .run import execute
-        from .fuzz.campaign import fixed_constants
+        from .fuzz.campaign import fixed_constants, no_mutations
         from .fuzz.strategies import cases
         last = {}
 
@@ -165,7 +165,7 @@ def overlapcheck_fuzz(request):
         # one database key per test (the body is the same for every test)
         prop.hypothesis.inner_test._hypothesis_internal_add_digest = request.node.nodeid.encode()
         try:
-            with fixed_constants():
+            with fixed_constants(), no_mutations():
                 prop()
         except AssertionError:
             case, out, finding = last["x"]

@@ -37,6 +37,10 @@ try:   # where Hypothesis keeps the literals it mixes into draws (``fixed_consta
     from hypothesis.internal.constants_ast import Constants as _Constants
 except ImportError:     # another Hypothesis layout: nothing to pin
     _providers = _Constants = None
+try:   # the runner's step that follows a generated example with copies of it (``no_mutations``)
+    from hypothesis.internal.conjecture.engine import ConjectureRunner as _Runner
+except ImportError:     # another Hypothesis layout: nothing to turn off
+    _Runner = None
 
 from .. import seeds, targets
 from ..run import Finding, References, execute
@@ -144,6 +148,33 @@ class fixed_constants:
         cache = getattr(getattr(_providers, "CONSTANTS_CACHE", None), "cache", None)
         if cache is not None:
             cache.clear()
+
+
+class no_mutations:
+    """``with no_mutations():`` Hypothesis generates each example afresh, without the
+    copies it runs after a generated one (``generate_mutations_from``: up to six runs of
+    the example with one labelled part copied over another of the same label, a
+    duplicate value where a parser's test wants one). A case draws its features, config
+    and schedule first, so a copy keeps them and differs in a request or a stall. About
+    half of a campaign's examples were such copies: a bug behind one feature (two ranks)
+    waited for a fresh draw of it, and a long example ran again in copies before the
+    next fresh one (docs/design.md §6.5). Shrinking and the database are unchanged.
+    Restored on exit."""
+
+    def __enter__(self):
+        self._saved = getattr(_Runner, "generate_mutations_from", None)
+        if self._saved is not None:
+            _Runner.generate_mutations_from = _no_copies
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            _Runner.generate_mutations_from = self._saved
+        return False
+
+
+def _no_copies(runner, data) -> None:
+    """The runner's mutation step, doing nothing."""
 
 
 def case_strategy(opts: "Options"):
@@ -255,7 +286,7 @@ class Campaign:
 
         prop._hypothesis_internal_database_key = self.db_key
         try:
-            with fixed_constants():
+            with fixed_constants(), no_mutations():
                 prop()
         except _TimeUp:
             pass
