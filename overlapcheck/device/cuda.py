@@ -50,13 +50,21 @@ class CudaRuntime(Runtime):
     # -- streams and events ------------------------------------------------------------
     def _on(self, raw):
         """Make ``raw`` the thread's current stream; returns the one to restore (with
-        ``torch.cuda.set_stream``). ``torch.cuda.stream(raw)`` does the same switch, but
-        looks the device up several times per use, each lookup reading the process
-        environment: about a fifth of the host's time per engine step in a
-        CUDA-graphed decode (docs/design.md §8.1). The runtime's device is known."""
-        prev = torch.cuda.current_stream(self._dev)
-        torch.cuda.set_stream(raw)
+        ``_off``). ``torch.cuda.stream(raw)`` does the same switch, but looks the device
+        up several times per use, each lookup reading the process environment: about a
+        fifth of the host's time per engine step in a CUDA-graphed decode (docs/design.md
+        §8.1). The runtime's device is known, and the streams are read and set as the
+        (id, device, type) triple torch keeps, without a ``Stream`` object built per
+        read, as ``torch.cuda.current_stream`` builds one."""
+        prev = torch._C._cuda_getCurrentStream(self._dev)
+        torch._C._cuda_setStream(stream_id=raw.stream_id, device_index=raw.device_index,
+                                 device_type=raw.device_type)
         return prev
+
+    @staticmethod
+    def _off(prev) -> None:
+        """Restore the stream ``_on`` replaced."""
+        torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
     def _raw_stream(self, name):
         return torch.cuda.Stream()
@@ -98,7 +106,7 @@ class CudaRuntime(Runtime):
                 self._mem += 1
                 mem = self._mem
         finally:
-            torch.cuda.set_stream(prev)
+            self._off(prev)
         # The poison fill is part of the allocation, as on the sim: not an access.
         return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
 
@@ -137,7 +145,7 @@ class CudaRuntime(Runtime):
         try:
             self._run_closure(fn, args, kwargs, declared, stream.ctx, clock, info)
         finally:
-            torch.cuda.set_stream(prev)
+            self._off(prev)
 
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
@@ -145,7 +153,7 @@ class CudaRuntime(Runtime):
         try:
             dst.t.copy_(src.t, non_blocking=not blocking)
         finally:
-            torch.cuda.set_stream(prev)
+            self._off(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
 
@@ -154,7 +162,7 @@ class CudaRuntime(Runtime):
         try:
             out = buf.t.to("cpu")
         finally:
-            torch.cuda.set_stream(prev)
+            self._off(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
         return out

@@ -178,8 +178,8 @@ def _stream_key(dev: Optional[int] = None):
     """The caller's stream: graphs replay where they were asked for, one pool each.
     ``dev``: the device, where the caller knows it (looking it up reads the process
     environment, a cost per call that a replay should not pay)."""
-    if dev is not None:
-        return ("stream", torch.cuda.current_stream(dev).cuda_stream)
+    if dev is not None:     # torch's id of the stream, without building a Stream object
+        return ("stream", torch._C._cuda_getCurrentStream(dev)[0])
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return ("stream", torch.cuda.current_stream().cuda_stream)
     return ("stream", None)
