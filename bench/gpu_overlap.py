@@ -35,7 +35,10 @@ waits) and, on cuda, the real ones seen by ``torch.cuda.set_sync_debug_mode("war
 separate untimed pass ("unseen": those the runtime did not issue itself, with their call
 sites in the JSON); that pass also runs the profiler over the same steps the figure was
 timed over (a step's attention grows with its context), and GPU busy = union of kernel
-time per step / the timed pass's time per step. ``--profile`` writes a profiler table of one
+time per step / the timed pass's time per step. Host ms per step: the host's own work,
+its clock over the windows less the time the runtime was blocked in device waits
+(``rt.wait_s``), median [min-max] over the rounds; where a mode's rate moves with it
+from round to round, the spread is the host's, not the GPU's. ``--profile`` writes a profiler table of one
 steady step, both modes, where overlap/non-overlap is under ``--profile-below``.
 On cuda, every mode replays the model calls from CUDA graphs (``--graphs on``, the
 default; ``overlapcheck.device.graphs``; ``checked+detector`` feeds the detector from the
@@ -137,7 +140,8 @@ class Window:
     def counters(self):
         e = self.eng
         return (time.perf_counter(), sum(len(r.output) for r in e.requests.values()), e.rt.syncs,
-                getattr(e.worker, "declared_syncs", 0), self.n, self._events(), time.process_time())
+                getattr(e.worker, "declared_syncs", 0), self.n, self._events(), time.process_time(),
+                e.rt.wait_s)
 
     def _seconds(self, a, b) -> float:
         """Seconds between two boundaries: on a GPU, from the device's events (the latest
@@ -210,6 +214,9 @@ class Window:
                        "syncs_per_step": total(2) / n,
                        "declared_per_step": total(3) / n, "windows": len(secs),
                        "host_cpu_ms_per_step": total(6) * 1e3 / n,
+                       # the host's own work: its clock less the time it was blocked in
+                       # device waits (its CPU time would count the spin in them)
+                       "host_ms_per_step": (total(0) - total(7)) * 1e3 / n,
                        "window_tokens_per_s": [round((b[1] - a[1]) / t, 1)
                                                for (a, b), t in zip(self.spans, secs)]}
         raise _Done
@@ -391,9 +398,11 @@ def measure(args, name, model, batch) -> dict:
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
                ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step",
-                "host_cpu_ms_per_step")}
+                "host_cpu_ms_per_step", "host_ms_per_step")}
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
         med["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
+        med["host_ms_per_step_spread"] = steady.spread(r["host_ms_per_step"] for r in rs)
+        med["repeats_host_ms_per_step"] = [round(r["host_ms_per_step"], 3) for r in rs]
         med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
         med["timed_steps"], med["timed_tokens"] = rs[0]["steps"], rs[0]["tokens"]
         med["window_tokens_per_s"] = [r["window_tokens_per_s"] for r in rs]
@@ -476,7 +485,8 @@ def print_rec(r):
         print(f"{r['model']:20s} {r['batch']:3d} {mode:17s} "
               f"{steady.fmt_spread(m['tokens_per_s_spread'], width=27)} "
               f"{m['steps_per_s']:8.1f} {m['syncs_per_step']:6.2f} {m['hidden_per_step']:6.2f} "
-              f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s}"
+              f"{fmt(real.get('unseen_per_step')):>6s} {fmt(busy.get('busy')):>5s} "
+              f"{steady.fmt_spread(m['host_ms_per_step_spread'], '.2f', width=18)}"
               + (f"  violations: {len(m['violations'])}" if m.get("violations") else "")
 
               + (f"  graph captures failed: {m['graphs']['failed']}"
@@ -559,9 +569,11 @@ def main() -> None:
     print(obs.gpu_line(doc["gpu"]) + (f", dependent launch {'on' if args.pdl else 'off'}"
                                       if info.gpu else ""))
     print(f"{'model':20s} {'B':>3s} {'mode':17s} {'tokens/s median [min-max]':>27s} {'steps/s':>8s} {'syncs':>6s} "
-          f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s}")
+          f"{'hidden':>6s} {'unseen':>6s} {'busy':>5s} {'host ms [min-max]':>18s}")
     print("  per steady step: syncs = the runtime's count, hidden = beyond the declared waits, "
           "unseen = real syncs (sync-debug) the runtime did not issue; busy = GPU kernel time / wall;\n"
+          "  host ms = the host's own work per step (its clock less its waits on the device): "
+          "a mode's spread that follows it is the host's;\n"
           f"  {args.repeat} rounds per figure (order alternating"
           f"{', windows interleaved' if args.interleave else ''}), medians [min-max]; ratios "
           "from each round's pair")

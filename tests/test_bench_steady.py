@@ -106,15 +106,19 @@ def test_window_paired_ratio_keeps_a_slow_window_to_its_pair():
 
 class FakeEngine:
     """Enough of an engine for ``Window``: every step commits one token per request and
-    advances the fake clock by ``dt(step)``; the window's rates come from that clock."""
+    advances the fake clock by ``dt(step)``, a quarter of it blocked in a device wait
+    (``rt.wait_s``); the window's rates come from that clock."""
 
     def __init__(self, n_req, dt, clock):
         self.requests = {i: types.SimpleNamespace(state=RUNNING, output=[]) for i in range(n_req)}
-        self.rt, self.worker, self.dt, self.clock, self.k = types.SimpleNamespace(syncs=0), None, dt, clock, 0
+        self.rt = types.SimpleNamespace(syncs=0, wait_s=0.0)
+        self.worker, self.dt, self.clock, self.k = None, dt, clock, 0
 
     def step(self):
         self.k += 1
-        self.clock[0] += self.dt(self.k)
+        dt = self.dt(self.k)
+        self.clock[0] += dt
+        self.rt.wait_s += dt / 4
         self.rt.syncs += 1
         for r in self.requests.values():
             r.output.append(0)
@@ -146,6 +150,8 @@ def test_window_times_a_fixed_range_and_reports_each_window(clock):
     assert r["tokens_per_s"] == pytest.approx(24 / 20.0)
     assert r["window_tokens_per_s"] == [1.0, 1.0, 2.0]
     assert r["syncs_per_step"] == 1.0
+    # the host's own work: 8 steps of 1.5 s and 4 of 0.75 s once the waits are taken out
+    assert r["host_ms_per_step"] == pytest.approx((8 * 1.5 + 4 * 0.75) * 1e3 / 12)
 
 
 def test_an_interleaved_window_pauses_and_leaves_the_pauses_out(clock):

@@ -98,3 +98,26 @@ def test_detector_off_adds_no_reports():
     rt.launch(f, lambda t: t.fill_(2.0), a.t)
     rt.synchronize()
     assert rt.reports == []
+
+
+def test_wait_s_counts_the_host_blocked_in_device_waits():
+    """``rt.wait_s`` (the GPU bench's host time less waits): every blocking call adds the
+    time the host spent in it; launches add none."""
+    rt, s, f, c = _rt(detect=False)
+    spin = 100_000_000     # cycles: 50 ms at 2 GHz, longer at a lower clock
+    rt.launch(f, lambda: torch.cuda._sleep(spin), name="busy")
+    assert rt.wait_s == 0.0
+    ev = rt.new_event("done")
+    ev.record(f)
+    ev.synchronize()
+    after_event = rt.wait_s
+    assert after_event >= 0.02, after_event     # the host waited for most of the kernel
+    buf = rt.empty((4,), torch.int64, "x", f)
+    rt.launch(f, lambda: torch.cuda._sleep(spin), name="busy2")
+    rt.to_host(buf, f)
+    assert rt.wait_s - after_event >= 0.02, rt.wait_s
+    for wait in (f.synchronize, rt.synchronize):
+        before = rt.wait_s
+        rt.launch(f, lambda: torch.cuda._sleep(spin), name="busy3")
+        wait()
+        assert rt.wait_s - before >= 0.02, (wait, rt.wait_s - before)

@@ -205,6 +205,7 @@ class Runtime:
         self._serial = 0
         self._events = 0
         self.syncs = 0           # host synchronizations so far
+        self.wait_s = 0.0        # seconds the host was blocked in them (a backend that blocks)
         self.launches = 0
         self.choices: List[int] = []   # recorded scheduling decisions (replayable backends)
         self._infos: Dict[tuple, OpInfo] = {}   # (name, frame, copy) -> its OpInfo, shared

@@ -19,6 +19,7 @@ the same memory change owner and checks the reuse.
 """
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Dict
 
 import torch
@@ -82,14 +83,21 @@ class CudaRuntime(Runtime):
     def _raw_query(self, event: Event) -> bool:
         return event.raw.query()
 
+    # the host's blocking calls, timed into ``wait_s``
     def _raw_sync_event(self, event: Event) -> None:
+        t = perf_counter()
         event.raw.synchronize()
+        self.wait_s += perf_counter() - t
 
     def _raw_sync_stream(self, stream: Stream, why: str) -> None:
+        t = perf_counter()
         stream.raw.synchronize()
+        self.wait_s += perf_counter() - t
 
     def _raw_sync_all(self) -> None:
+        t = perf_counter()
         torch.cuda.synchronize()
+        self.wait_s += perf_counter() - t
 
     # -- buffers ---------------------------------------------------------------------
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
@@ -150,18 +158,23 @@ class CudaRuntime(Runtime):
     def _raw_copy(self, dst: Buffer, src: Buffer, stream: Stream, blocking: bool,
                   info: OpInfo, table: dict, clock) -> None:
         prev = self._on(stream.raw)
+        t = perf_counter()
         try:
             dst.t.copy_(src.t, non_blocking=not blocking)
         finally:
+            if blocking:      # the host waited for the stream to reach the copy
+                self.wait_s += perf_counter() - t
             self._off(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
 
     def _raw_to_host(self, buf: Buffer, stream: Stream, info: OpInfo, table: dict, clock):
         prev = self._on(stream.raw)
+        t = perf_counter()
         try:
-            out = buf.t.to("cpu")
+            out = buf.t.to("cpu")     # blocks until the stream reaches it
         finally:
+            self.wait_s += perf_counter() - t
             self._off(prev)
         if self.det is not None:
             self._feed(stream.ctx, clock, info, None, table)
