@@ -38,8 +38,9 @@ timed over (a step's attention grows with its context), and GPU busy = union of 
 time per step / the timed pass's time per step. Host ms per step: the host's own work,
 its clock over the windows less the time the runtime was blocked in device waits
 (``rt.wait_s``), median [min-max] over the rounds; where a mode's rate moves with it
-from round to round, the spread is the host's, not the GPU's. ``--profile`` writes a profiler table of one
-steady step, both modes, where overlap/non-overlap is under ``--profile-below``.
+from round to round, the spread is the host's, not the GPU's. ``--profile`` writes a
+profiler table of one steady step, both modes, where overlap/non-overlap is under
+``--profile-below``.
 On cuda, every mode replays the model calls from CUDA graphs (``--graphs on``, the
 default; ``overlapcheck.device.graphs``; ``checked+detector`` feeds the detector from the
 launches' declared accesses): a shape's first call warms
