@@ -121,3 +121,24 @@ def test_wait_s_counts_the_host_blocked_in_device_waits():
         rt.launch(f, lambda: torch.cuda._sleep(spin), name="busy3")
         wait()
         assert rt.wait_s - before >= 0.02, (wait, rt.wait_s - before)
+
+
+def test_launches_run_on_their_stream_and_restore_the_callers_with_either_stream_api(monkeypatch):
+    """The runtime switches streams through torch's private (id, device, type) calls, and
+    through the public ones on a torch without them: the same streams either way."""
+    from overlapcheck.device import cuda as C
+    from overlapcheck.device.graphs import _stream_key
+    dev = torch.cuda.current_device()
+    for private in (True, False):
+        if not private:
+            monkeypatch.setattr(C, "_GET_STREAM", None)
+            monkeypatch.setattr(C, "_SET_STREAM", None)
+        rt, s, f, c = _rt(detect=False)
+        before, seen = torch.cuda.current_stream(), []
+        rt.launch(f, lambda: seen.append(torch.cuda.current_stream()), name="where")
+        buf = rt.empty((4,), torch.int64, "x", c)
+        assert seen == [f.raw] and torch.cuda.current_stream() == before, private
+        with torch.cuda.stream(f.raw):
+            assert _stream_key(dev) == _stream_key() == ("stream", f.raw.stream_id), private
+        assert _stream_key(dev) == ("stream", before.stream_id), private
+        rt.free(buf)

@@ -28,6 +28,19 @@ from ..race import OpInfo
 from .api import Event, Runtime, Stream
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, poison_value
 
+# torch's current stream read and set as the (id, device, type) triple it keeps, without
+# the ``Stream`` object ``torch.cuda.current_stream`` builds per read. Private calls: a
+# torch without them gets the public ones.
+_GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
+_SET_STREAM = getattr(torch._C, "_cuda_setStream", None)
+
+
+def current_stream_id(dev: int) -> int:
+    """The id of ``dev``'s current stream (``torch.cuda.Stream.stream_id``)."""
+    if _GET_STREAM is None:
+        return torch.cuda.current_stream(dev).stream_id
+    return _GET_STREAM(dev)[0]
+
 
 class CudaRuntime(Runtime):
     backend = "cuda"
@@ -54,18 +67,24 @@ class CudaRuntime(Runtime):
         ``_off``). ``torch.cuda.stream(raw)`` does the same switch, but looks the device
         up several times per use, each lookup reading the process environment: about a
         fifth of the host's time per engine step in a CUDA-graphed decode (docs/design.md
-        §8.1). The runtime's device is known, and the streams are read and set as the
-        (id, device, type) triple torch keeps, without a ``Stream`` object built per
-        read, as ``torch.cuda.current_stream`` builds one."""
-        prev = torch._C._cuda_getCurrentStream(self._dev)
-        torch._C._cuda_setStream(stream_id=raw.stream_id, device_index=raw.device_index,
-                                 device_type=raw.device_type)
+        §8.1). The runtime's device is known, and the streams go as triples
+        (``_GET_STREAM``)."""
+        if _GET_STREAM is None or _SET_STREAM is None:
+            prev = torch.cuda.current_stream(self._dev)
+            torch.cuda.set_stream(raw)
+            return prev
+        prev = _GET_STREAM(self._dev)
+        _SET_STREAM(stream_id=raw.stream_id, device_index=raw.device_index,
+                    device_type=raw.device_type)
         return prev
 
     @staticmethod
     def _off(prev) -> None:
         """Restore the stream ``_on`` replaced."""
-        torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        if type(prev) is tuple:
+            _SET_STREAM(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        else:
+            torch.cuda.set_stream(prev)
 
     def _raw_stream(self, name):
         return torch.cuda.Stream()

@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .cuda import current_stream_id
+
 PLAIN = (int, float, bool, str, type(None))
 Capture = Callable[[Callable, List[Any]], Tuple[Callable[[], None], Any]]
 
@@ -178,11 +180,11 @@ def _stream_key(dev: Optional[int] = None):
     """The caller's stream: graphs replay where they were asked for, one pool each.
     ``dev``: the device, where the caller knows it (looking it up reads the process
     environment, a cost per call that a replay should not pay)."""
-    if dev is not None:     # torch's id of the stream, without building a Stream object
-        return ("stream", torch._C._cuda_getCurrentStream(dev)[0])
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return ("stream", torch.cuda.current_stream().cuda_stream)
-    return ("stream", None)
+    if dev is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        dev = torch.cuda.current_device()
+    if dev is None:
+        return ("stream", None)
+    return ("stream", current_stream_id(dev))
 
 
 def cuda_capture() -> Capture:
