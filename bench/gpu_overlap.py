@@ -25,7 +25,11 @@ whose KV has no tags; detector off) and
 ``checked+detector``. Warm-up rounds (one run of every mode each) go on until every mode's
 rate agrees with its previous round's within ``--tol`` (2 to ``--warmup-rounds``); then
 ``--repeat`` measured rounds, the start order alternating (forward, backward, ...: ABBA
-for two modes) so a drift over the session falls on every mode alike. Each figure is the
+for two modes) so a drift over the session falls on every mode alike. The measured rounds
+run at once (``--interleave repeats``, the default): a run per mode and round, their
+windows taking turns, so a slow period of the host falls on every round alike and the
+spread between rounds is the figure's own (``rounds``: one round after another, its
+modes' windows taking turns; ``off``: one mode's run after another's). Each figure is the
 median over the rounds with its min-max beside it; a ratio (overlap/non-overlap,
 checked/unchecked) is the median of each round's own ratio, with their min-max. The card,
 its driver and clocks (``torch.cuda``, ``nvidia-smi``) are printed at the start and the
@@ -77,6 +81,8 @@ from overlapcheck.engine.drafts import DRAFT_KINDS
 MODES = (("non-overlap", False, False, False), ("overlap", True, False, False),
          ("checked", True, True, False), ("checked+detector", True, True, True))
 build_engine = getattr(E, "make_engine", E.Engine)
+INTERLEAVED = {"repeats": ", windows of every round and mode interleaved",
+               "rounds": ", windows of a round's modes interleaved", "off": ""}
 
 
 def _nop():
@@ -337,21 +343,26 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     return ModeRun(args, name, model, batch, mode, ref, hooks, steps, windows, settle).go()
 
 
-def lockstep(args, name, model, batch, order, ref=None) -> dict:
-    """One round of ``order``'s modes with their windows interleaved (docs/design.md
-    §8.1): a run per mode, all alive at once; window ``w`` of every mode in turn (the
-    order of ``order``, backward on odd windows), each from a synchronized device, so a
-    slow period of the host falls on the windows of every mode alike rather than on one
-    mode's whole run. {mode: figures}."""
+def lockstep(args, name, model, batch, orders, ref=None) -> list:
+    """Rounds of modes with their windows interleaved (docs/design.md §8.1): a run per
+    mode of every round in ``orders`` (one order each), all alive at once. Window ``w``
+    of every round in turn (backward on odd windows), and within a round of every mode
+    in its order (backward on odd windows), each from a synchronized device: a slow
+    period of the host falls on the windows of every mode, and with several rounds of
+    every round, alike, rather than on one mode's or one round's whole run. The two
+    modes of a pair next to each other in an order run their windows back to back.
+    [{mode: figures}, one per round]."""
     gc_on = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        runs = {m: ModeRun(args, name, model, batch, m, ref, interleave=True) for m in order}
+        runs = [{m: ModeRun(args, name, model, batch, m, ref, interleave=True) for m in order}
+                for order in orders]
         for w in range(args.windows):
-            for m in steady.balanced_order(order, w):
-                runs[m].window()
-        return {m: runs[m].figures() for m in order}
+            for k in steady.balanced_order(range(len(orders)), w):
+                for m in steady.balanced_order(orders[k], w):
+                    runs[k][m].window()
+        return [{m: r[m].figures() for m in order} for r, order in zip(runs, orders)]
     finally:
         if gc_on:
             gc.enable()
@@ -388,14 +399,20 @@ def measure(args, name, model, batch) -> dict:
         return run_mode(args, name, model, batch, mode, ref)[0]
 
     def run_round(order):
-        return lockstep(args, name, model, batch, order, ref)
+        return lockstep(args, name, model, batch, [order], ref)[0]
+
+    def run_all(orders):
+        return lockstep(args, name, model, batch, orders, ref)
     rec = {"model": name, "batch": batch, "modes": {}, "window_steps": args.steps,
            "windows": args.windows, "row_width": args.row_width or auto_row_width(args),
            "interleave": args.interleave}
-    how = run_round if args.interleave else run
-    rec["warm_up"] = steady.warm_up(modes, how, args.tol, args.warmup_rounds,
-                                    joint=args.interleave)
-    runs = steady.rounds(modes, args.repeat, how, joint=args.interleave)
+    joint = args.interleave != "off"
+    how = run_round if joint else run
+    rec["warm_up"] = steady.warm_up(modes, how, args.tol, args.warmup_rounds, joint=joint)
+    if args.interleave == "repeats":
+        runs = steady.together(modes, args.repeat, run_all)
+    else:
+        runs = steady.rounds(modes, args.repeat, how, joint=joint)
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
                ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step",
@@ -426,7 +443,7 @@ def measure(args, name, model, batch) -> dict:
             wa, wb = ([r["window_tokens_per_s"] for r in runs[m]] for m in (a, b))
             windows = steady.window_paired_ratio(wa, wb)
             pooled = steady.paired_ratio(sum(wa, []), sum(wb, []))
-        sp = windows if args.interleave else totals
+        sp = windows if joint else totals
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
         rec[key + "_windows"], rec[key + "_totals"] = pooled, totals
     observe(args, name, model, batch, rec)
@@ -495,6 +512,7 @@ def print_rec(r):
     w = r["warm_up"]
     print(f"{'':24s} ({r['seconds']} s, {r['windows']} windows of {r['window_steps']} steps, "
           f"row {r['row_width']}, {w['rounds']} warm-up rounds"
+          + (f", peak {r['gpu_peak_gib']} GiB" if "gpu_peak_gib" in r else "") +
           f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
           f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
           f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
@@ -524,9 +542,10 @@ def main() -> None:
                     help="cap on warm-up rounds (every mode, until each mode's rate agrees with its "
                          "previous round's within --tol; at least 2)")
     ap.add_argument("--repeat", type=int, default=6, help="measured rounds (even: balanced order)")
-    ap.add_argument("--interleave", default="on", choices=("on", "off"),
-                    help="on: a round runs every mode at once, their windows taking turns; "
-                         "off: one mode's run after the other's")
+    ap.add_argument("--interleave", default="repeats", choices=("repeats", "rounds", "off"),
+                    help="repeats: every measured round's runs of every mode at once, their "
+                         "windows taking turns; rounds: one round at a time, its modes' windows "
+                         "taking turns; off: one mode's run after the other's")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per request")
     ap.add_argument("--row-width", type=int, default=0,
                     help="context per request (0: just long enough for the timed range)")
@@ -546,7 +565,6 @@ def main() -> None:
     args.batch = [int(b) for b in args.batch.split(",") if b]
     args.modes = [m for m in args.modes.split(",") if m]
     args.graphs = args.graphs == "on"
-    args.interleave = args.interleave == "on"
     bad = [m for m in args.modes if m not in {x[0] for x in MODES}]
     if bad or not args.models or not args.batch or min(args.batch) < 1 or args.steps < 1 or \
             args.repeat < 1 or args.windows < 1 or args.tol <= 0 or args.min_seconds < 0 or \
@@ -576,14 +594,18 @@ def main() -> None:
           "  host ms = the host's own work per step (its clock less its waits on the device): "
           "a mode's spread that follows it is the host's;\n"
           f"  {args.repeat} rounds per figure (order alternating"
-          f"{', windows interleaved' if args.interleave else ''}), medians [min-max]; ratios "
+          f"{INTERLEAVED[args.interleave]}), medians [min-max]; ratios "
           "from each round's pair")
     for name in args.models:
         t = time.perf_counter()
         model = make_model(name)
         for batch in args.batch:
+            if info.gpu:
+                torch.cuda.reset_peak_memory_stats()
             rec = measure(args, name, model, batch)
             rec["seconds"] = round(time.perf_counter() - t, 1)   # the first one includes model set-up
+            if info.gpu:   # every round's runs alive at once (--interleave repeats) hold this
+                rec["gpu_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
             t = time.perf_counter()
             doc["configs"].append(rec)
             print_rec(rec)

@@ -8,7 +8,8 @@ function, so tests drive it with a fake timer.
 * ``warm_up``: rounds of every mode until each mode's rate agrees with its rate of the
   round before (capped); ``rounds``: the measured rounds in balanced order. A round
   runs its modes one by one, or (``joint``) through one call that runs them together
-  (the GPU bench's interleaved windows).
+  (the GPU bench's interleaved windows); ``together``: every measured round through one
+  call, so their windows can take turns too.
 * ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
   from the rounds they shared (each round's ratio, then their median and range).
   ``window_paired_ratio``: the same where each round's windows of the two modes ran
@@ -50,6 +51,18 @@ def rounds(modes, n: int, run, joint: bool = False) -> dict:
         for m in modes:
             out[m].append(got[m])
     return out
+
+
+def together(modes, n: int, run) -> dict:
+    """``n`` rounds run at once: ``run(orders)`` gets every round's order (balanced, as
+    ``rounds`` would run them) and returns one {mode: result} per round, in that order;
+    {mode: [result of round 0, round 1, ...]}, as ``rounds``. A slow period of the host
+    then falls on a window of every round alike, not on one round's runs (docs/design.md
+    §8.1)."""
+    got = run([balanced_order(modes, r) for r in range(n)])
+    if len(got) != n:
+        raise ValueError(f"{n} rounds asked for, {len(got)} run")
+    return {m: [g[m] for g in got] for m in modes}
 
 
 def warm_up(modes, run, tol: float = 0.03, cap: int = 4, key: str = "tokens_per_s",

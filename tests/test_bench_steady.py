@@ -202,3 +202,66 @@ def test_auto_row_width_fits_the_reference_range():
     # every step may commit spec_steps + 1 tokens; the reference runs 3 steps past the range
     assert row - 16 - (3 + 1 + 8) >= (3 + 1) * (3 + 12 * 4 + 3)
 
+
+
+class _Args:
+    windows = 4
+
+
+def _slow_host_runs(monkeypatch, slow):
+    """``gpu_overlap.ModeRun`` replaced by runs on a fake host: each window takes one tick
+    of a shared clock; in the ticks of ``slow`` the host is slow, which moves the
+    non-overlap run's window (its host work is on the step's path) and not the overlap
+    run's (hidden). Returns the log of (round, mode) windows in the order they ran."""
+    clock, log, made = [0], [], []
+
+    class Run:
+        def __init__(self, args, name, model, batch, mode, ref=None, interleave=False):
+            assert interleave
+            self.mode, self.k, self.rates = mode, len(made) // 2, []
+            made.append(self)
+
+        def window(self):
+            log.append((self.k, self.mode))
+            host = 1.5 if clock[0] in slow else 1.0
+            self.rates.append(100.0 / (host if self.mode == "N" else 1.0))
+            clock[0] += 1
+
+        def figures(self):
+            return {"window_tokens_per_s": self.rates}
+    monkeypatch.setattr(G, "ModeRun", Run)
+    return log
+
+
+def test_rounds_run_together_share_a_slow_period_that_falls_on_one_round_run_alone(monkeypatch):
+    """Two rounds of modes N and O, four windows each: the host is slow for a stretch as
+    long as one round (8 ticks). Rounds one after another: it falls on the second round
+    alone, whose ratio reads 1.5 against the first's 1.0. Run together
+    (``steady.together``, ``lockstep`` over both orders), every round's windows take
+    turns, the pairs stay back to back, and each round gets the same share of it."""
+    def window_ratio(runs):
+        return steady.window_paired_ratio([r["window_tokens_per_s"] for r in runs["O"]],
+                                          [r["window_tokens_per_s"] for r in runs["N"]])
+    _slow_host_runs(monkeypatch, range(8, 16))
+    apart = steady.rounds(["N", "O"], 2, lambda order: G.lockstep(_Args, "m", None, 1, [order])[0],
+                          joint=True)
+    assert (window_ratio(apart)["min"], window_ratio(apart)["max"]) == (1.0, 1.5)
+
+    log = _slow_host_runs(monkeypatch, range(8, 16))
+    together = steady.together(["N", "O"], 2, lambda orders: G.lockstep(_Args, "m", None, 1, orders))
+    # window w of every round in turn (backward on odd windows), each round's pair back to back
+    assert log[:8] == [(0, "N"), (0, "O"), (1, "O"), (1, "N"), (1, "N"), (1, "O"), (0, "O"), (0, "N")]
+    assert window_ratio(together) == {"median": 1.25, "min": 1.25, "max": 1.25}
+
+
+def test_together_keeps_the_rounds_balanced_order_and_counts_them():
+    seen = []
+
+    def run(orders):
+        seen.append(orders)
+        return [{m: {"tokens_per_s": float(k)} for m in order} for k, order in enumerate(orders)]
+    got = steady.together(["A", "B"], 4, run)
+    assert seen == [[["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]]
+    assert got == {m: [{"tokens_per_s": float(k)} for k in range(4)] for m in "AB"}
+    with pytest.raises(ValueError, match="4 rounds asked for, 1 run"):
+        steady.together(["A"], 4, lambda orders: [{"A": 1}])
