@@ -31,7 +31,11 @@ windows taking turns, so a slow period of the host falls on every round alike an
 spread between rounds is the figure's own (``rounds``: one round after another, its
 modes' windows taking turns; ``off``: one mode's run after another's). Each figure is the
 median over the rounds with its min-max beside it; a ratio (overlap/non-overlap,
-checked/unchecked) is the median of each round's own ratio, with their min-max. The card,
+checked/unchecked) is the median of each round's own ratio, with their min-max. A round's
+rate is its typical speed (``steady.by_position``): every round times the same steps, so
+each window is set against the same window's median over the rounds, and a window that
+one round alone ran slow (a stall of the host) does not move it; the plain totals stay
+in the JSON (``_totals``) and beside the ratio. The card,
 its driver and clocks (``torch.cuda``, ``nvidia-smi``) are printed at the start and the
 end and kept in the JSON (``gpu``, ``gpu_end``).
 Syncs per step: the runtime's count (``rt.syncs``; hidden = beyond the engine's declared
@@ -225,7 +229,8 @@ class Window:
                        # device waits (its CPU time would count the spin in them)
                        "host_ms_per_step": (total(0) - total(7)) * 1e3 / n,
                        "window_tokens_per_s": [round((b[1] - a[1]) / t, 1)
-                                               for (a, b), t in zip(self.spans, secs)]}
+                                               for (a, b), t in zip(self.spans, secs)],
+                       "window_tokens": [b[1] - a[1] for a, b in self.spans]}
         raise _Done
 
 
@@ -413,39 +418,48 @@ def measure(args, name, model, batch) -> dict:
         runs = steady.together(modes, args.repeat, run_all)
     else:
         runs = steady.rounds(modes, args.repeat, how, joint=joint)
+    # a round's rate: its windows against the same windows of the other rounds, the
+    # host's stalls left out (docs/design.md §8.1, ``steady.by_position``); the plain
+    # totals stay in the JSON (``_totals``)
+    rates = {m: steady.by_position([r["window_tokens_per_s"] for r in rs], rs[0]["window_tokens"])
+             for m, rs in runs.items()}
     for mode, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in
-               ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step",
+               ("steps_per_s", "syncs_per_step", "declared_per_step",
                 "host_cpu_ms_per_step", "host_ms_per_step")}
+        med["tokens_per_s"] = statistics.median(rates[mode])
         med["hidden_per_step"] = med["syncs_per_step"] - med["declared_per_step"]
-        med["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
+        med["tokens_per_s_spread"] = steady.spread(rates[mode])
+        med["tokens_per_s_totals"] = steady.spread(r["tokens_per_s"] for r in rs)
         med["host_ms_per_step_spread"] = steady.spread(r["host_ms_per_step"] for r in rs)
         med["repeats_host_ms_per_step"] = [round(r["host_ms_per_step"], 3) for r in rs]
-        med["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
+        med["repeats_tokens_per_s"] = [round(x, 1) for x in rates[mode]]
+        med["repeats_tokens_per_s_totals"] = [round(r["tokens_per_s"], 1) for r in rs]
         med["timed_steps"], med["timed_tokens"] = rs[0]["steps"], rs[0]["tokens"]
         med["window_tokens_per_s"] = [r["window_tokens_per_s"] for r in rs]
+        med["window_tokens"] = rs[0]["window_tokens"]
         if "graphs" in rs[0]:
             med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
             med["violations"] = sorted({v for r in rs for v in r["violations"]})[:5]
         rec["modes"][mode] = med
 
-    # each ratio of two modes from the rounds they shared (docs/design.md §8.1): the
-    # figure is each round's a/b — interleaved, the median of its windows' a/b, else its
-    # totals' — then their median and range; the JSON adds the totals' (``_totals``)
-    # and every window pair pooled (``_windows``)
+    # each ratio of two modes from the rounds they shared (docs/design.md §8.1): each
+    # round's a/b of the rates above, then their median and range; the JSON adds the
+    # ratio of each round's totals (``_totals``) and, interleaved, the median of each
+    # round's window pairs, the two windows of a pair run back to back (``_pairs``)
     for key, a, b in (("overlap_speedup", "overlap", "non-overlap"), ("checked_ratio", "checked", "overlap"),
                       ("checked_detector_ratio", "checked+detector", "overlap")):
-        totals = windows = pooled = None
+        sp = totals = pairs = None
         if a in runs and b in runs:
+            sp = steady.paired_ratio(rates[a], rates[b])
             totals = steady.paired_ratio([r["tokens_per_s"] for r in runs[a]],
                                          [r["tokens_per_s"] for r in runs[b]])
-            wa, wb = ([r["window_tokens_per_s"] for r in runs[m]] for m in (a, b))
-            windows = steady.window_paired_ratio(wa, wb)
-            pooled = steady.paired_ratio(sum(wa, []), sum(wb, []))
-        sp = windows if joint else totals
+            if joint:
+                pairs = steady.window_paired_ratio(*([r["window_tokens_per_s"] for r in runs[m]]
+                                                     for m in (a, b)))
         rec[key], rec[key + "_spread"] = (sp["median"] if sp else None), sp
-        rec[key + "_windows"], rec[key + "_totals"] = pooled, totals
+        rec[key + "_totals"], rec[key + "_pairs"] = totals, pairs
     observe(args, name, model, batch, rec)
     return rec
 
@@ -514,7 +528,8 @@ def print_rec(r):
           f"row {r['row_width']}, {w['rounds']} warm-up rounds"
           + (f", peak {r['gpu_peak_gib']} GiB" if "gpu_peak_gib" in r else "") +
           f"{'' if w['settled'] else ', not settled'}) overlap/non-overlap "
-          f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x, "
+          f"{steady.fmt_spread(r['overlap_speedup_spread'], '.3f')}x "
+          f"(totals {steady.fmt_spread(r['overlap_speedup_totals'], '.3f')}x), "
           f"checked/unchecked {steady.fmt_spread(r['checked_ratio_spread'], '.3f')}, "
           f"with detector {steady.fmt_spread(r['checked_detector_ratio_spread'], '.3f')}")
     for p in r.get("profiles", {}).values():
@@ -594,8 +609,9 @@ def main() -> None:
           "  host ms = the host's own work per step (its clock less its waits on the device): "
           "a mode's spread that follows it is the host's;\n"
           f"  {args.repeat} rounds per figure (order alternating"
-          f"{INTERLEAVED[args.interleave]}), medians [min-max]; ratios "
-          "from each round's pair")
+          f"{INTERLEAVED[args.interleave]}), medians [min-max]; a round's tokens/s: its windows "
+          "against the same windows of the other rounds (the host's stalls left out);\n"
+          "  ratios from each round's pair; totals: the same from each round's plain totals")
     for name in args.models:
         t = time.perf_counter()
         model = make_model(name)

@@ -14,6 +14,9 @@ function, so tests drive it with a fake timer.
   from the rounds they shared (each round's ratio, then their median and range).
   ``window_paired_ratio``: the same where each round's windows of the two modes ran
   back to back (interleaved): a round's ratio is the median of its windows' ratios.
+* ``by_position``: each round's rate from its windows, the host's stalls left out: every
+  round times the same steps, so a window slower than the same window of the other
+  rounds was slowed by the host, not the engine.
 """
 from __future__ import annotations
 
@@ -110,6 +113,27 @@ def window_paired_ratio(a, b):
             return None
         per_round.append(statistics.median(pairs))
     return spread(per_round) if per_round and len(per_round) == min(len(a), len(b)) else None
+
+
+def by_position(windows, tokens=None) -> list:
+    """Each round's rate with the host's stalls left out (docs/design.md §8.1).
+    ``windows``: one list of window rates per round, every round timing the same steps
+    of the same workload window by window; ``tokens``: each window's tokens (the same in
+    every round; None: equal). The engine does the same work at a position in every
+    round, so whatever it costs there, a stall of its own included, is in every round's
+    window; what one round's window alone shows is the host's. Per position, the median
+    over the rounds; a round's rate is the range's rate with every window at its
+    position's median, times the median over the round's windows of its rate over that
+    median (its typical speed against the others'). [one rate per round]."""
+    if not windows or any(len(w) != len(windows[0]) for w in windows) or not windows[0]:
+        raise ValueError("every round needs the same windows, at least one")
+    n = len(windows[0])
+    tokens = list(tokens) if tokens is not None else [1.0] * n
+    if len(tokens) != n or min(tokens) <= 0 or min(min(w) for w in windows) <= 0:
+        raise ValueError("one positive token count and rate per window")
+    pos = [statistics.median(w[i] for w in windows) for i in range(n)]
+    base = sum(tokens) / sum(t / p for t, p in zip(tokens, pos))
+    return [base * statistics.median(x / p for x, p in zip(w, pos)) for w in windows]
 
 
 def fmt_spread(s, spec: str = ".1f", width: int = 0) -> str:

@@ -265,3 +265,32 @@ def test_together_keeps_the_rounds_balanced_order_and_counts_them():
     assert got == {m: [{"tokens_per_s": float(k)} for k in range(4)] for m in "AB"}
     with pytest.raises(ValueError, match="4 rounds asked for, 1 run"):
         steady.together(["A"], 4, lambda orders: [{"A": 1}])
+
+
+def test_by_position_leaves_out_a_stall_one_round_alone_ran_into():
+    """Five rounds time the same four windows; the engine is slower at later windows
+    (its context grows) and pays a stall of its own in window 2 of every round. One
+    round's window 1 ran into a stall of the host. The plain totals move that round by
+    over 10 %; ``by_position`` reads every round alike, and the engine's own stall,
+    being in every round, stays in the rate."""
+    clean = [100.0, 90.0, 40.0, 80.0]          # window 2: the engine's stall, every round
+    rounds = [list(clean) for _ in range(5)]
+    rounds[3][1] = 45.0                          # the host's stall, round 3 only
+    tokens = [10, 10, 10, 10]
+    totals = [sum(tokens) / sum(t / x for t, x in zip(tokens, w)) for w in rounds]
+    assert (max(totals) - min(totals)) / max(totals) > 0.1
+    got = steady.by_position(rounds, tokens)
+    want = sum(tokens) / sum(t / x for t, x in zip(tokens, clean))
+    assert got == [pytest.approx(want)] * 5
+    # a round that is slower in most of its windows is slower: its rate says so
+    rounds[1] = [x * 0.9 for x in clean[:3]] + [clean[3]]
+    got = steady.by_position(rounds, tokens)
+    assert got[1] == pytest.approx(0.9 * want) and got[0] == pytest.approx(want)
+    # tokens weigh the windows: the range's rate, not the mean of its windows' rates
+    assert steady.by_position([[10.0, 30.0]], [30, 30])[0] == pytest.approx(15.0)
+    assert steady.by_position([[10.0, 30.0]])[0] == pytest.approx(15.0)
+    for bad in ([], [[]], [[1.0], [1.0, 2.0]], [[0.0, 1.0]]):
+        with pytest.raises(ValueError):
+            steady.by_position(bad)
+    with pytest.raises(ValueError):
+        steady.by_position([[1.0, 2.0]], [1])
