@@ -59,6 +59,7 @@ host, and overlap has no GPU time to hide host work behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -270,10 +271,16 @@ class ModeRun:
     only, for ``lockstep``."""
 
     def __init__(self, args, name, model, batch, mode, ref=None, hooks=None, steps=None,
-                 windows=None, settle=None, interleave=False):
-        _, overlap, checked, detect = next(m for m in MODES if m[0] == mode)
+                 windows=None, settle=None, interleave=False, overrides=None):
+        known = {m[0]: m[1:] for m in MODES}
+        if mode not in known and overrides is None:
+            raise ValueError(f"unknown mode {mode!r}")
+        # another engine mode (bench/modes.py): overlap, unchecked, then ``overrides``
+        overlap, checked, detect = known.get(mode, (True, False, False))
         self.label = f"{name} B={batch} {mode}"
         cfg, self.wl = make_case(name, model, batch, args, overlap)
+        if overrides:
+            cfg = dataclasses.replace(cfg, **overrides)
         if not interleave:
             gc.collect()
         graphs = args.graphs and device_info(args.device).gpu
@@ -348,26 +355,19 @@ def run_mode(args, name, model, batch, mode, ref=None, hooks=None, steps=None, w
     return ModeRun(args, name, model, batch, mode, ref, hooks, steps, windows, settle).go()
 
 
-def lockstep(args, name, model, batch, orders, ref=None) -> list:
-    """Rounds of modes with their windows interleaved (docs/design.md §8.1): a run per
-    mode of every round in ``orders`` (one order each), all alive at once. Window ``w``
-    of every round in turn (backward on odd windows), and within a round of every mode
-    in its order (backward on odd windows), each from a synchronized device: a slow
-    period of the host falls on the windows of every mode, and with several rounds of
-    every round, alike, rather than on one mode's or one round's whole run. The two
-    modes of a pair next to each other in an order run their windows back to back.
-    [{mode: figures}, one per round]."""
+def lockstep(args, name, model, batch, orders, ref=None, overrides=None) -> list:
+    """Rounds of modes (one order each in ``orders``) with their windows taking turns
+    (``steady.take_turns``; docs/design.md §8.1): a run per mode of every round, all
+    alive at once, each window from a synchronized device, the collector off.
+    ``overrides``: {mode: EngineConfig fields} for ``ModeRun``. [{mode: figures}, one per
+    round]."""
     gc_on = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        runs = [{m: ModeRun(args, name, model, batch, m, ref, interleave=True) for m in order}
-                for order in orders]
-        for w in range(args.windows):
-            for k in steady.balanced_order(range(len(orders)), w):
-                for m in steady.balanced_order(orders[k], w):
-                    runs[k][m].window()
-        return [{m: r[m].figures() for m in order} for r, order in zip(runs, orders)]
+        return steady.take_turns(
+            orders, lambda m: ModeRun(args, name, model, batch, m, ref, interleave=True,
+                                      overrides=(overrides or {}).get(m)), args.windows)
     finally:
         if gc_on:
             gc.enable()

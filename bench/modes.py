@@ -26,7 +26,9 @@ Figures. sim: engine steps/s per mode on one thread, oracle model, unchecked (no
 observer, detector off) and checked (every checker, detector on, declared accesses).
 cuda: steady decode tokens/s per mode and non-overlap, trained model, batch 8 and 32,
 timed as bench/gpu_overlap.py times them (docs/design.md §8.1: a fixed timed range, warm-up
-rounds until settled, balanced rounds, medians with min-max), as ratios to standard; the
+rounds until settled, the measured rounds together with their windows taking turns, each
+round's rate against the same windows of the other rounds, medians with min-max), as
+ratios to standard; the
 card, driver and clocks printed and in the JSON. Figures are printed, never asserted.
 """
 from __future__ import annotations
@@ -248,7 +250,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="cuda figures: steady steps per timed window")
     ap.add_argument("--settle", type=int, default=3)
     ap.add_argument("--windows", type=int, default=4,
-                    help="cuda figures: timed windows per run, back to back (a fixed range)")
+                    help="cuda figures: timed windows per run (a fixed range), taking turns with "
+                         "the same window of every mode and round")
     ap.add_argument("--tol", type=float, default=0.03,
                     help="cuda figures: warm-up until each mode agrees with its previous round within this")
     ap.add_argument("--warmup-rounds", type=int, default=4, help="cuda figures: cap on warm-up rounds")

@@ -4,22 +4,21 @@
   unchecked (no observer, detector off) and checked (every checker, detector on,
   declared accesses), best of ``repeat``.
 * ``throughput``: steady decode tokens/s per mode and non-overlap on ``device``, timed
-  as bench/gpu_overlap.py times it (its ``Window``, ``bench/steady.py``: a fixed timed range,
-  warm-up rounds, balanced rounds, medians with min-max; docs/design.md §8.1), as ratios
+  as bench/gpu_overlap.py times it (its ``ModeRun``, ``lockstep`` and ``bench/steady.py``:
+  a fixed timed range, warm-up rounds, the measured rounds together with their windows
+  taking turns, medians with min-max; docs/design.md §8.1), as ratios
   to the standard mode; logical-rank modes are left out (sim only).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import statistics
 import time
 
 import torch
 
 from overlapcheck.engine import EngineConfig, generate, make_engine
-from overlapcheck.device import device_info
 
 _MODELS: dict = {}
 
@@ -72,50 +71,41 @@ def throughput(device, modes, model_name, batches, steps, settle, repeat, window
                warmup_rounds=4) -> dict:
     """Steady decode tokens/s per mode (and non-overlap), bench/gpu_overlap.py's method
     (docs/design.md §8.1): a fixed timed range per run, warm-up rounds until settled,
-    balanced rounds, medians with their min-max; vs standard per round."""
+    the measured rounds together with their windows taking turns, each round's rate
+    against the same windows of the other rounds, medians with their min-max; vs
+    standard per round."""
     import gpu_overlap as G
     import steady
-    from overlapcheck.device import make_runtime
-    geo = argparse.Namespace(row_width=384, page_size=16, prompt=16, spec_steps=3, draft="standalone")
     variants = {n: kw for n, kw in modes.items() if "tp" not in kw}
     variants["non-overlap"] = {"overlap": False}
+    args = argparse.Namespace(device=device, row_width=0, page_size=16, prompt=16, spec_steps=3,
+                              draft="standalone", graphs=True, settle=settle, steps=steps,
+                              windows=windows)
     m, out = model(model_name), {}
-
-    def once(batch, kw, n, windows=windows):
-        cfg, wl = G.make_case(model_name, m, batch, geo, True)
-        eng = make_engine(dataclasses.replace(cfg, **kw), make_runtime(
-            device, seed=0, strategy="eager", detect=False, access="declared",
-            graphs=device_info(device).gpu), m)
-        gc.collect()
-        w = G.Window(eng, device, batch, settle, n, windows)
-        try:
-            eng.run(wl)
-        except G._Done:
-            pass
-        if not w.result:
-            raise SystemExit(f"batch {batch} {kw}: no steady decode window")
-        return w.result
 
     for batch in batches:
         names, rec = [], out.setdefault(batch, {})
         for name, kw in variants.items():
-            try:
-                once(batch, kw, 2, 1)                      # a config the mode rejects: skipped
+            try:                                           # a config the mode rejects: skipped
+                G.ModeRun(args, model_name, m, batch, name, steps=2, windows=1, overrides=kw).go()
                 names.append(name)
             except ValueError as e:
                 rec[name] = {"skipped": str(e)}
 
-        def run(name):
-            return once(batch, variants[name], steps)
-        warm = steady.warm_up(names, run, tol, warmup_rounds)
-        runs = steady.rounds(names, repeat, run)
+        def rounds_(orders):
+            return G.lockstep(args, model_name, m, batch, orders, overrides=variants)
+        warm = steady.warm_up(names, lambda order: rounds_([order])[0], tol, warmup_rounds, joint=True)
+        runs = steady.together(names, repeat, rounds_)
+        rates = {n: steady.by_position([r["window_tokens_per_s"] for r in rs], rs[0]["window_tokens"])
+                 for n, rs in runs.items()}
         for name, rs in runs.items():
             rec[name] = {k: statistics.median(r[k] for r in rs) for k in
-                         ("tokens_per_s", "steps_per_s", "syncs_per_step", "declared_per_step")}
-            rec[name]["tokens_per_s_spread"] = steady.spread(r["tokens_per_s"] for r in rs)
-            rec[name]["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in rs]
-            sp = steady.paired_ratio([r["tokens_per_s"] for r in rs],
-                                     [r["tokens_per_s"] for r in runs["standard"]])
+                         ("steps_per_s", "syncs_per_step", "declared_per_step")}
+            rec[name]["tokens_per_s"] = statistics.median(rates[name])
+            rec[name]["tokens_per_s_spread"] = steady.spread(rates[name])
+            rec[name]["tokens_per_s_totals"] = steady.spread(r["tokens_per_s"] for r in rs)
+            rec[name]["repeats_tokens_per_s"] = [round(x, 1) for x in rates[name]]
+            sp = steady.paired_ratio(rates[name], rates["standard"])
             rec[name]["vs_standard"], rec[name]["vs_standard_spread"] = sp["median"], sp
         rec["_warm_up"] = warm
     return out

@@ -9,7 +9,8 @@ function, so tests drive it with a fake timer.
   round before (capped); ``rounds``: the measured rounds in balanced order. A round
   runs its modes one by one, or (``joint``) through one call that runs them together
   (the GPU bench's interleaved windows); ``together``: every measured round through one
-  call, so their windows can take turns too.
+  call, so their windows can take turns too; ``take_turns``: the order in which such
+  runs take their windows.
 * ``spread``/``paired_ratio``: a figure as {median, min, max}; a ratio of two modes
   from the rounds they shared (each round's ratio, then their median and range).
   ``window_paired_ratio``: the same where each round's windows of the two modes ran
@@ -66,6 +67,21 @@ def together(modes, n: int, run) -> dict:
     if len(got) != n:
         raise ValueError(f"{n} rounds asked for, {len(got)} run")
     return {m: [g[m] for g in got] for m in modes}
+
+
+def take_turns(orders, make, windows: int) -> list:
+    """Rounds whose runs take turns window by window (docs/design.md §8.1): a run
+    ``make(mode)`` (with ``window()``, the next window, and ``figures()``) per mode of
+    every round in ``orders``, all alive at once; window ``w`` of every round in turn
+    (the rounds backward on odd windows), within a round of every mode in its order
+    (backward on odd windows), so a round's pairs run back to back and a slow period of
+    the host falls on every mode and round alike. [{mode: figures}, one per round]."""
+    runs = [{m: make(m) for m in order} for order in orders]
+    for w in range(windows):
+        for k in balanced_order(range(len(orders)), w):
+            for m in balanced_order(orders[k], w):
+                runs[k][m].window()
+    return [{m: r[m].figures() for m in order} for r, order in zip(runs, orders)]
 
 
 def warm_up(modes, run, tol: float = 0.03, cap: int = 4, key: str = "tokens_per_s",

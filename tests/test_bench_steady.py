@@ -216,8 +216,8 @@ def _slow_host_runs(monkeypatch, slow):
     clock, log, made = [0], [], []
 
     class Run:
-        def __init__(self, args, name, model, batch, mode, ref=None, interleave=False):
-            assert interleave
+        def __init__(self, args, name, model, batch, mode, ref=None, interleave=False, overrides=None):
+            assert interleave and overrides is None
             self.mode, self.k, self.rates = mode, len(made) // 2, []
             made.append(self)
 

@@ -71,15 +71,16 @@ def test_cuda_code_path_on_the_sim():
     """What the cuda sweep and figures run, on the sim: a same-device reference, the
     checked runs, the steady-window throughput per mode as ratios to standard."""
     check_seed(1, modes=M.engine_modes("cuda"), same_device_ref=True)
-    out = M.throughput("sim", M.engine_modes("cuda"), "oracle", [2], 2, 1, 1)
+    out = M.throughput("sim", M.engine_modes("cuda"), "oracle", [2], 2, 1, 2)
     rec = out[2]
     assert set(rec) == set(M.engine_modes("cuda")) | {"non-overlap", "_warm_up"}
     assert rec["standard"]["vs_standard"] == 1.0
     assert rec["standard"]["vs_standard_spread"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert 2 <= rec["_warm_up"]["rounds"] <= 4
     for v in rec.values():
-        if "tokens_per_s" in v:
+        if "tokens_per_s" in v:    # two rounds, run together, each round's rate by position
             assert v["tokens_per_s_spread"]["median"] == v["tokens_per_s"]
+            assert len(v["repeats_tokens_per_s"]) == 2 and v["tokens_per_s_totals"]["min"] > 0
     assert rec["verify-sync"]["declared_per_step"] > rec["standard"]["declared_per_step"]
 
 
