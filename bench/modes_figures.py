@@ -140,4 +140,6 @@ def print_figures(doc) -> None:
                   )
         if w:
             print(f"  {w['rounds']} warm-up rounds{'' if w['settled'] else ' (not settled)'}; medians over "
-                  f"{doc['args']['repeat']} rounds, order alternating; vs std from each round's pair")
+                  f"{doc['args']['repeat']} rounds run together, their windows taking turns; a round's "
+                  "rate: its windows against the same windows of the other rounds; vs std from each "
+                  "round's pair")

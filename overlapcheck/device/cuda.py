@@ -20,7 +20,7 @@ the same memory change owner and checks the reuse.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Dict
+from typing import Callable, Dict
 
 import torch
 
@@ -103,20 +103,19 @@ class CudaRuntime(Runtime):
         return event.raw.query()
 
     # the host's blocking calls, timed into ``wait_s``
-    def _raw_sync_event(self, event: Event) -> None:
+    def _blocked(self, wait: Callable[[], None]) -> None:
         t = perf_counter()
-        event.raw.synchronize()
+        wait()
         self.wait_s += perf_counter() - t
+
+    def _raw_sync_event(self, event: Event) -> None:
+        self._blocked(event.raw.synchronize)
 
     def _raw_sync_stream(self, stream: Stream, why: str) -> None:
-        t = perf_counter()
-        stream.raw.synchronize()
-        self.wait_s += perf_counter() - t
+        self._blocked(stream.raw.synchronize)
 
     def _raw_sync_all(self) -> None:
-        t = perf_counter()
-        torch.cuda.synchronize()
-        self.wait_s += perf_counter() - t
+        self._blocked(torch.cuda.synchronize)
 
     # -- buffers ---------------------------------------------------------------------
     def empty(self, shape, dtype, name: str, stream: Stream) -> Buffer:
