@@ -438,6 +438,11 @@ def measure(args, name, model, batch) -> dict:
         med["timed_steps"], med["timed_tokens"] = rs[0]["steps"], rs[0]["tokens"]
         med["window_tokens_per_s"] = [r["window_tokens_per_s"] for r in rs]
         med["window_tokens"] = rs[0]["window_tokens"]
+        if any(r["window_tokens"] != rs[0]["window_tokens"] for r in rs):
+            # by position assumes every round commits the same tokens window by window
+            med["window_tokens_differ"] = [r["window_tokens"] for r in rs]
+            print(f"note: {name} B={batch} {mode}: the rounds committed different tokens per "
+                  "window (a nondeterministic run?); its rates by position weigh them as round 0's")
         if "graphs" in rs[0]:
             med["graphs"] = rs[0]["graphs"]
         if "violations" in rs[0]:
