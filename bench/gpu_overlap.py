@@ -599,8 +599,12 @@ def main() -> None:
     args.pdl = obs.apply_pdl(ap, args.pdl, args.device)
     if info.cpu_work:
         torch.set_num_threads(1)   # small CPU ops: threads only add overhead
-    if args.repeat % 2:
-        print(f"note: --repeat {args.repeat} is odd: the start order is not balanced")
+    # interleaved, a round's modes take turns backward on odd windows, so an even
+    # --windows balances every round on its own; back to back only an even --repeat does
+    if args.repeat % 2 and (args.interleave == "off" or args.windows % 2):
+        print(f"note: --repeat {args.repeat} is odd"
+              + ("" if args.interleave == "off" else f" and so is --windows {args.windows}")
+              + ": the start order is not balanced")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     doc = {"device": args.device, "gpu": obs.gpu_info(args.device),

@@ -62,8 +62,24 @@ def test_gpu_overlap_bench_runs_one_mode_after_another(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (c,) = json.loads((out / "gpu_overlap.json").read_text())["configs"]
     assert c["interleave"] == "off" and set(c["modes"]) == {"overlap", "checked"}
+    assert "--repeat 1 is odd: the start order is not balanced" in r.stdout
     assert c["modes"]["checked"]["timed_tokens"] == c["modes"]["overlap"]["timed_tokens"] > 0
     assert c["checked_ratio"] > 0 and "windows interleaved" not in r.stdout
+
+
+@pytest.mark.parametrize("windows,note", [(2, False), (3, True)])
+def test_an_odd_repeat_is_unbalanced_only_where_the_windows_do_not_balance_each_round(tmp_path, windows, note):
+    """Interleaved, a round's modes take turns backward on odd windows: an even
+    ``--windows`` balances every round, whatever ``--repeat`` is."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_overlap.py"), "--device", "sim",
+                        "--models", "random:tiny-qwen3", "--batch", "1", "--steps", "1", "--windows",
+                        str(windows), "--repeat", "1", "--modes", "overlap,non-overlap",
+                        "--warmup-rounds", "2", "--min-seconds", "0", "--prompt", "3", "--spec-steps", "1",
+                        "--page-size", "4", "--out", str(tmp_path)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("--repeat 1 is odd and so is --windows 3: the start order is not balanced" in r.stdout) == note, r.stdout
 
 
 def test_gpu_overlap_bench_refuses_dependent_launch_without_a_card_for_it():
