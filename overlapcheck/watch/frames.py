@@ -30,10 +30,13 @@ def _roots() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
 
 
 class Frames:
-    """Finds user frames; the verdict per file is cached."""
+    """Finds user frames; the verdict per file is cached. With ``user_roots`` (the
+    directories of the code under test, e.g. an engine's package), only files under
+    them are the user's: a driver calling the engine is not."""
 
-    def __init__(self) -> None:
+    def __init__(self, user_roots: Tuple[str, ...] = ()) -> None:
         self._ours, self._stdlib = _roots()
+        self._only = tuple(os.path.abspath(r) + os.sep for r in user_roots)
         self._user: Dict[str, bool] = {}
         self._shown: Dict[str, str] = {}
         self._cwd = os.getcwd() + os.sep
@@ -41,9 +44,12 @@ class Frames:
     def is_user(self, filename: str) -> bool:
         v = self._user.get(filename)
         if v is None:
-            installed = ("site-packages" in filename or "dist-packages" in filename)
-            v = not (filename.startswith("<") or filename.startswith(self._ours)
-                     or (filename.startswith(self._stdlib) and not installed))
+            if self._only:
+                v = filename.startswith(self._only)
+            else:
+                installed = ("site-packages" in filename or "dist-packages" in filename)
+                v = not (filename.startswith("<") or filename.startswith(self._ours)
+                         or (filename.startswith(self._stdlib) and not installed))
             self._user[filename] = v
         return v
 
@@ -53,7 +59,11 @@ class Frames:
         s = self._shown.get(filename)
         if s is None:
             path = os.path.abspath(filename)
-            s = path[len(self._cwd):] if path.startswith(self._cwd) else os.path.basename(path)
+            root = next((r for r in self._only if path.startswith(r)), None)
+            if root is not None:    # under a user root: the path inside its package
+                s = os.path.join(os.path.basename(root[:-1]), path[len(root):])
+            else:
+                s = path[len(self._cwd):] if path.startswith(self._cwd) else os.path.basename(path)
             self._shown[filename] = s
         return s
 

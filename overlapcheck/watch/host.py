@@ -37,6 +37,8 @@ def install_host_accessors(patcher, backend, tracker) -> None:
 
     def tolist(self):
         __tracebackhide__ = True
+        if tracker.paused:
+            return orig_tolist(self)
         if backend.device_key(self) is not None:
             return self.cpu().tolist()
         host_read(self, "tolist")
@@ -44,6 +46,8 @@ def install_host_accessors(patcher, backend, tracker) -> None:
 
     def numpy(self, *, force=False):
         __tracebackhide__ = True
+        if tracker.paused:
+            return orig_numpy(self, force=force)
         if backend.device_key(self) is not None:
             if force:
                 return self.cpu().numpy()

@@ -221,6 +221,28 @@ class WatchMode(TorchDispatchMode):
         return out
 
 
+    def kernel(self, name: str, reads, writes) -> None:
+        """A device kernel the dispatcher does not see (``kernel.device_kernel``): one
+        operation on the current stream reading ``reads`` and writing ``writes``. A
+        host tensor among them is read (or written) by the host at the launch, as a
+        kernel argument staged from pageable memory is."""
+        __tracebackhide__ = True
+        b, tr = self.b, self.tr
+        tr.ops += 1
+        sid = b.current_stream()
+        ctx, clock = tr.enqueue(sid)
+        op, frame = tr.op(name)
+        for ts, write in ((reads, False), (writes, True)):
+            for t in ts:
+                key = b.device_key(t)
+                if key is not None:
+                    tr.access(ctx, clock, tr.device_unit(key, t), t, write, op, frame)
+                    continue
+                u = tr.host_unit_if_tracked(host_key(t))
+                if u is not None:
+                    tr.host_access(u, t, write, op, frame)
+
+
 def _bool_indices(args) -> bool:
     idx = args[1] if len(args) > 1 else None
     return isinstance(idx, (list, tuple)) and any(

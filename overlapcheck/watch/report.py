@@ -145,7 +145,8 @@ class Explainer:
             return f"stream `{var}` ({desc})", f"`{var}`", var
         if h == 0:
             return "the default stream", "the default stream", "torch.cuda.default_stream()"
-        return f"the {desc}", f"the {desc}", f"<the {desc}>"
+        code = self.tr.stream_code.get(h)
+        return f"the {desc}", f"the {desc}", code or f"<the {desc}>"
 
     def _covering_event(self, prev, names) -> Optional[str]:
         """The name of an event whose latest record comes after the previous access on

@@ -16,6 +16,7 @@ fact, for both sources of facts: PyTorch's GPU trace callbacks and the CPU shim.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class Unit:
         first, last = lo // self.gran, (hi - 1) // self.gran
         if last - first >= _MAX_ROWS:
             return None
-        return frozenset(range(first, last + 1))
+        return _row_range(first, last + 1)
 
     def row_text(self, rows) -> str:
         """Rows as the user's tensor sees them: dimension-0 indices when they line up."""
@@ -103,6 +104,12 @@ class Unit:
 
 
 BEFORE = "(before watch)"
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_range(first: int, stop: int) -> FrozenSet[int]:
+    """The rows ``first..stop-1`` (the same views recur every step: built once)."""
+    return frozenset(range(first, stop))
 
 
 def _gran(nbytes: int) -> int:
@@ -122,12 +129,14 @@ class Tracker:
         self.on_report = on_report
         self.stream_ctx: Dict[StreamHandle, CtxId] = {}
         self.stream_site: Dict[StreamHandle, str] = {}
+        self.stream_code: Dict[StreamHandle, str] = {}   # name_stream's expressions
         self._ev_gen: Dict[EventHandle, int] = {}
         self.units: Dict[object, Unit] = {}
         self._host_fin: Dict[object, weakref.finalize] = {}
         self._serial = itertools.count(1)
         self.ops = 0
         self.allocs = 0  # device allocations so far
+        self.paused = False  # the watched program is not running (``Watch.paused``)
 
     # -- streams and events -----------------------------------------------------------
     def ctx(self, sid: StreamHandle) -> CtxId:
@@ -155,6 +164,12 @@ class Tracker:
 
     def stream_name(self, ctx: CtxId) -> str:
         return self.det.ctx_names[ctx]
+
+    def name_stream(self, sid: StreamHandle, desc: str, code: str) -> None:
+        """Name stream ``sid`` by its role (``desc``, e.g. "schedule stream") and by the
+        expression that reaches it in the watched code (``code``), for reports."""
+        self.det.ctx_names[self.ctx(sid)] = desc
+        self.stream_code[sid] = code
 
     def handle_of(self, ctx: CtxId) -> Optional[StreamHandle]:
         for sid, c in self.stream_ctx.items():
