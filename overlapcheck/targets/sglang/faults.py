@@ -10,12 +10,10 @@ knows fault names; a fault counts as found only through the checker it names.
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
-import sys
-import textwrap
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Tuple
+
+from . import source_patch
 
 
 @dataclass(frozen=True)
@@ -135,50 +133,12 @@ _register(Fault(
 
 
 # -- applying -------------------------------------------------------------------------------
-def _resolve(target: str):
-    modname, qual = target.split(":")
-    mod = sys.modules.get(modname)
-    if mod is None:
-        from . import env
-        with env.stubbed():        # SGLang's import needs the stubs of its CUDA-only modules
-            mod = __import__(modname, fromlist=["_"])
-    owner, parts = mod, qual.split(".")
-    for p in parts[:-1]:
-        owner = getattr(owner, p)
-    return mod, owner, parts[-1], owner.__dict__[parts[-1]] if isinstance(owner, type) \
-        else getattr(owner, parts[-1])
-
-
 def patched_function(fault: Fault):
     """The pre-fix function: the original's source (as indented in its file) with the
     fault's edits, compiled in the original's module namespace."""
-    mod, owner, attr, orig = _resolve(fault.target)
-    src = inspect.getsource(orig)
-    for old, new in fault.edits:
-        if src.count(old) != 1:
-            raise RuntimeError(f"fault {fault.name}: its edit matches {src.count(old)} times "
-                               f"in {fault.target} (expected once): not SGLang 0.5.23?")
-        src = src.replace(old, new)
-    ns: dict = {}
-    exec(compile(textwrap.dedent(src), f"<overlapcheck fault {fault.name}>", "exec"),
-         mod.__dict__, ns)
-    return owner, attr, orig, ns[attr]
+    return source_patch.edited(fault.target, fault.edits, f"fault {fault.name}")
 
 
-@contextlib.contextmanager
-def applied(names, session=None) -> Iterator[None]:
-    """Apply the named faults for the duration of the block."""
-    saved: List[Tuple[object, str, object]] = []
-    try:
-        for name in names:
-            owner, attr, orig, new = patched_function(FAULTS[name])
-            holders = [owner] + [m for n, m in list(sys.modules.items())
-                                 if n.startswith("sglang.") and m is not None and m is not owner
-                                 and getattr(m, "__dict__", {}).get(attr) is orig]
-            for h in holders:
-                saved.append((h, attr, orig))
-                setattr(h, attr, new)
-        yield
-    finally:
-        for h, attr, orig in reversed(saved):
-            setattr(h, attr, orig)
+def applied(names, session=None):
+    """Apply the named faults for the duration of the block (a context manager)."""
+    return source_patch.installed([patched_function(FAULTS[name]) for name in names])
