@@ -120,9 +120,11 @@ class SglangTarget(Target):
              faults: Sequence[str] = (), *, device: str = "sim", detect: bool = True,
              trace: bool = False, model=None, **options):
         """A session on a built scheduler for ``cfg`` with ``faults`` switched on as
-        well as the config's. The target has no device model: ``device`` must be one
-        without a GPU (it runs on the CPU as on the sim); ``detect`` and ``trace`` have
-        nothing to act on; the model is the config's (``model``: none may be passed)."""
+        well as the config's. ``device`` must be one without a GPU (SGLang runs on the
+        CPU as on the sim). ``detect``: a real spec worker runs under ``watch``'s CPU
+        shim on SGLang's CUDA path, its races reported (``cuda_path``); the fake
+        worker has no device model to watch. ``trace`` has nothing to act on; the
+        model is the config's (``model``: none may be passed)."""
         from ...device import device_info
         if options:
             raise ValueError(f"unknown run option {sorted(options)[0]!r} for the sglang target")
@@ -140,4 +142,4 @@ class SglangTarget(Target):
         if not build.imported():
             self.version()      # before SGLang's import: one line when it is missing
         from .session import SglangSession
-        return SglangSession(build.build(cfg), cfg, strategy, observer)
+        return SglangSession(build.build(cfg), cfg, strategy, observer, detect=detect)

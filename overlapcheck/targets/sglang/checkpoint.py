@@ -13,6 +13,13 @@ The weights are drawn from a fixed-seed generator at a scale that keeps the logi
 of order one (SGLang's dummy weights, uniform in +-1e-3 with norm weights as small,
 give logits so flat that float rounding picks the greedy token), so greedy decoding
 does not hinge on the last bit of a sum whose order depends on the batch.
+
+The real spec-v2 workers run a *pair* (``pair_dirs``): a target whose layers add a
+scaled-down context term to each token's own embedding (so its greedy choice is
+mostly a function of the last token, and often not), and an EAGLE head that predicts
+that last-token choice from the embedding, with a small share of the target's hidden
+state and of its own attention mixed in. The draft then agrees with the target often
+enough for multi-token accept runs, and disagrees often enough for short ones.
 """
 from __future__ import annotations
 
@@ -36,48 +43,100 @@ def config(vocab: int, context: int) -> dict:
     }
 
 
-def weights(vocab: int) -> Dict[str, "object"]:
+def weights(vocab: int, out_scale: float = 1.0) -> Dict[str, "object"]:
     """HF-named float32 tensors, each linear weight N(0, 1/fan_in), the embedding
-    N(0, 1), norms 1: the same for every call (a generator of its own, fixed seed)."""
+    N(0, 1), norms 1: the same for every call (a generator of its own, fixed seed).
+    ``out_scale`` scales what each layer adds to the residual stream (its attention
+    output and MLP down projections): the spec pair's target uses 0.5."""
     import torch
     g = torch.Generator().manual_seed(SEED)
-    head = HIDDEN // HEADS
-
-    def linear(out_f: int, in_f: int):
-        return torch.randn(out_f, in_f, generator=g) / in_f ** 0.5
-
     w = {"model.embed_tokens.weight": torch.randn(vocab, HIDDEN, generator=g)}
     for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        w[p + "self_attn.q_proj.weight"] = linear(HEADS * head, HIDDEN)
-        w[p + "self_attn.k_proj.weight"] = linear(KV_HEADS * head, HIDDEN)
-        w[p + "self_attn.v_proj.weight"] = linear(KV_HEADS * head, HIDDEN)
-        w[p + "self_attn.o_proj.weight"] = linear(HIDDEN, HEADS * head)
-        w[p + "mlp.gate_proj.weight"] = linear(INTER, HIDDEN)
-        w[p + "mlp.up_proj.weight"] = linear(INTER, HIDDEN)
-        w[p + "mlp.down_proj.weight"] = linear(HIDDEN, INTER)
-        w[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        w[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+        w.update(_layer(g, f"model.layers.{i}.", out_scale))
     w["model.norm.weight"] = torch.ones(HIDDEN)
-    w["lm_head.weight"] = linear(vocab, HIDDEN)
+    w["lm_head.weight"] = _linear(g, vocab, HIDDEN)
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def _linear(g, out_f: int, in_f: int, scale: float = 1.0):
+    import torch
+    return torch.randn(out_f, in_f, generator=g) * (scale / in_f ** 0.5)
+
+
+def _layer(g, p: str, out_scale: float, input_norm: bool = True) -> Dict[str, "object"]:
+    import torch
+    head = HIDDEN // HEADS
+    w = {p + "self_attn.q_proj.weight": _linear(g, HEADS * head, HIDDEN),
+         p + "self_attn.k_proj.weight": _linear(g, KV_HEADS * head, HIDDEN),
+         p + "self_attn.v_proj.weight": _linear(g, KV_HEADS * head, HIDDEN),
+         p + "self_attn.o_proj.weight": _linear(g, HIDDEN, HEADS * head, out_scale),
+         p + "mlp.gate_proj.weight": _linear(g, INTER, HIDDEN),
+         p + "mlp.up_proj.weight": _linear(g, INTER, HIDDEN),
+         p + "mlp.down_proj.weight": _linear(g, HIDDEN, INTER, out_scale),
+         p + "post_attention_layernorm.weight": torch.ones(HIDDEN)}
+    if input_norm:
+        w[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
+    return w
+
+
+#: the spec pair: what the target's layers add, and the EAGLE head's share of the
+#: target's hidden state and of its own layer
+PAIR_TARGET_SCALE, PAIR_HIDDEN_SHARE, PAIR_DRAFT_LAYER = 0.5, 0.1, 0.1
+
+
+def eagle_config(vocab: int, context: int) -> dict:
+    cfg = config(vocab, context)
+    cfg.update(architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1)
+    return cfg
+
+
+def eagle_weights(vocab: int) -> Dict[str, "object"]:
+    """The EAGLE head for the pair's target, in the names SGLang's
+    ``LlamaForCausalLMEagle`` loads (``model.`` left out): ``fc`` maps [embedding,
+    hidden] to the embedding plus a small share of the hidden state; one layer whose
+    attention and MLP add a small share; no final norm (the head has none: the
+    target's RMSNorm only scales, which keeps the argmax); the target's embedding and
+    head (SGLang shares the target's anyway)."""
+    import torch
+    target = weights(vocab, PAIR_TARGET_SCALE)
+    g = torch.Generator().manual_seed(SEED + 1)
+    fc = torch.cat([torch.eye(HIDDEN), _linear(g, HIDDEN, HIDDEN, PAIR_HIDDEN_SHARE)], dim=1)
+    w = {"fc.weight": fc, "fc.bias": torch.zeros(HIDDEN),
+         "embed_tokens.weight": target["model.embed_tokens.weight"],
+         "lm_head.weight": target["lm_head.weight"]}
+    w.update(_layer(g, "layers.0.", PAIR_DRAFT_LAYER, input_norm=False))
     return {k: v.contiguous() for k, v in w.items()}
 
 
 def model_dir(vocab: int, context: int, root: str = "") -> str:
     """The checkpoint directory for this shape (written once, atomically per file)."""
-    path = os.path.join(root or scratch_root(), f"tiny-llama-v{vocab}-c{context}-s{SEED}")
+    return _write(os.path.join(root or scratch_root(), f"tiny-llama-v{vocab}-c{context}-s{SEED}"),
+                  lambda: config(vocab, context), lambda: weights(vocab))
+
+
+def pair_dirs(vocab: int, context: int, root: str = "") -> "tuple[str, str]":
+    """(target, EAGLE draft) directories of the spec pair for this shape."""
+    base = os.path.join(root or scratch_root(), f"pair-v{vocab}-c{context}-s{SEED}")
+    target = _write(base + "-target", lambda: config(vocab, context),
+                    lambda: weights(vocab, PAIR_TARGET_SCALE))
+    draft = _write(base + "-eagle", lambda: eagle_config(vocab, context),
+                   lambda: eagle_weights(vocab))
+    return target, draft
+
+
+def _write(path: str, make_config, make_weights) -> str:
     os.makedirs(path, exist_ok=True)
     cfg = os.path.join(path, "config.json")
     if not os.path.exists(cfg):
         tmp = f"{cfg}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(config(vocab, context), f, indent=1, sort_keys=True)
+            json.dump(make_config(), f, indent=1, sort_keys=True)
         os.replace(tmp, cfg)
     st = os.path.join(path, "model.safetensors")
     if not os.path.exists(st):
         from safetensors.torch import save_file
         tmp = f"{st}.{os.getpid()}.tmp"
-        save_file(weights(vocab), tmp, metadata={"format": "pt"})
+        save_file(make_weights(), tmp, metadata={"format": "pt"})
         os.replace(tmp, st)
     return path
 

@@ -62,7 +62,7 @@ class LlamaGolden:
     k = 0
 
     def __init__(self, cfg):
-        self.model = _hf_llama(cfg.vocab, cfg.context)
+        self.model = _hf_llama(cfg.vocab, cfg.context, cfg.real_worker)
 
     @staticmethod
     def covers(spec) -> bool:
@@ -76,12 +76,13 @@ class LlamaGolden:
 
 
 @functools.lru_cache(maxsize=4)
-def _hf_llama(vocab: int, context: int):
-    """transformers' Llama on the target's checkpoint (kept: loading costs seconds)."""
+def _hf_llama(vocab: int, context: int, pair: bool = False):
+    """transformers' Llama on the target's checkpoint (the spec pair's target with
+    ``pair``; kept: loading costs seconds)."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
     from . import checkpoint
-    path = checkpoint.model_dir(vocab, context)
+    path = checkpoint.pair_dirs(vocab, context)[0] if pair else checkpoint.model_dir(vocab, context)
     model = LlamaForCausalLM(LlamaConfig(**checkpoint.config(vocab, context),
                                          attn_implementation="eager"))
     model.load_state_dict(load_file(f"{path}/model.safetensors"))
