@@ -76,6 +76,8 @@ class Options:
     known: frozenset = frozenset()
     on_finding: Optional[Callable[["Found"], None]] = None   # each finding, once recorded
     graphs: bool = False   # a GPU device: model calls replay from CUDA graphs (§4.9)
+    # a target's config fields held fixed (``fuzz --config``): ((field, value), ...)
+    config: Optional[tuple] = None
 
 
 @dataclass
@@ -186,6 +188,8 @@ def case_strategy(opts: "Options"):
               if v is not None}
     if "logical_ranks" in target.case_options and not device_info(opts.device).host_flags:
         narrow["logical_ranks"] = False     # a GPU runs one rank per process (run --dist)
+    if opts.config is not None:
+        narrow["config"] = dict(opts.config)
     return getattr(importlib.import_module(module), fn)(tuple(opts.checks), tuple(opts.faults),
                                                        **narrow)
 
@@ -373,6 +377,8 @@ def database_key(opts: Options) -> bytes:
     parts = tuple(None if v is None else tuple(sorted(v)) for v in (
         opts.models, opts.draft_kinds, opts.checks, opts.faults))
     parts = (opts.target, opts.device) + parts
+    if opts.config is not None:
+        parts += (opts.config,)
     return hashlib.sha384(repr(("overlapcheck-campaign",) + parts).encode()).digest()
 
 

@@ -36,6 +36,10 @@ def register(sub) -> None:
                                                  "trained, hf:DIR or random:NAME")
     p.add_argument("--draft", default=None, metavar="KIND",
                    help="reference engine: only this draft kind (default: every kind)")
+    p.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="a target's config fields to hold fixed (a YAML mapping, e.g. "
+                        "worker: eagle-v2 for SGLang's real spec worker); the campaign draws "
+                        "the others")
     p.add_argument("--check", default="", metavar="NAMES",
                    help="comma-separated checkers (default: all)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
@@ -77,6 +81,13 @@ def _options(args):
         if value is not None and option not in target.case_options:
             raise UsageError(f"{flag} is not an option of target {args.target} (its engine "
                              f"runs its own fake model)")
+    config = None
+    if args.config is not None:
+        if "config" not in target.case_options:
+            raise UsageError(f"--config is not an option of target {args.target} (its "
+                             f"campaign draws every config field)")
+        from ..run.command import read_config
+        config = tuple(sorted(read_config(args.config, target)[0].items()))
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time}")
     if args.examples is not None and args.examples < 1:
@@ -131,7 +142,7 @@ def _options(args):
                    draft_kinds=kinds, checks=checks, faults=faults,
                    out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db,
                    known=_known(args.known, args.target), started=_started(),
-                   graphs=args.cuda_graphs)
+                   graphs=args.cuda_graphs, config=config)
 
 
 def _started() -> float:

@@ -146,7 +146,6 @@ _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool
 def _target_config(args, target):
     """A non-reference target's config: its defaults, or ``--config`` (YAML); the
     reference engine's flags are an error there."""
-    import yaml
     from ..errors import UsageError
     defaults = vars(_defaults())
     given = [f for f in _REFERENCE_FLAGS if getattr(args, f) != defaults[f]]
@@ -155,22 +154,30 @@ def _target_config(args, target):
                          f"give target {target.name}'s config with --config FILE.yaml")
     if not args.config:
         return target.default_config()
+    return read_config(args.config, target)[1]
+
+
+def read_config(path: str, target):
+    """``(fields, config)`` of a target's config file (a YAML mapping of config
+    fields, the rest defaulted); every problem is a one-line ``UsageError``."""
+    import yaml
+    from ..errors import UsageError
     try:
-        with open(args.config, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except OSError as e:
-        raise UsageError(f"cannot read {args.config}: {e.strerror}") from None
-    except yaml.YAMLError:
-        raise UsageError(f"{args.config}: not valid YAML") from None
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise UsageError(f"{path}: not valid YAML") from None
     if not isinstance(doc, dict):
-        raise UsageError(f"{args.config}: expected a mapping of {target.name} config fields")
+        raise UsageError(f"{path}: expected a mapping of {target.name} config fields")
     unknown = sorted(set(map(str, doc)) - target.config_fields())
     if unknown:
-        raise UsageError(f"{args.config}: unknown field {unknown[0]!r} of the {target.name} config")
+        raise UsageError(f"{path}: unknown field {unknown[0]!r} of the {target.name} config")
     try:
-        return target.config_from_dict(doc)
+        return doc, target.config_from_dict(doc)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{args.config}: {e}") from None
+        raise UsageError(f"{path}: {e}") from None
 
 
 def _defaults():

@@ -12,9 +12,10 @@ made explicit:
   a recycled caching-allocator block meets its new owner (``empty*`` write nothing);
 * copies between the host and the device, by CUDA's rules: with ``non_blocking`` and
   pinned host memory the copy is asynchronous (the stream reads or writes the host
-  memory); from pageable memory, a non-blocking host-to-device copy first waits for
-  the stream and stages the source at once (the host reads it); every other copy
-  returns when it is done (the host synchronizes with the stream);
+  memory); from pageable memory, a non-blocking host-to-device copy stages the source
+  at once (the host reads it) and performs no device synchronization, as CUDA's
+  ``cudaMemcpyAsync`` documents; every other copy returns when it is done (the host
+  synchronizes with the stream);
 * ops that return a host value or a data-dependent shape wait for the stream
   (``item``, ``nonzero``, boolean-mask indexing, ...).
 
@@ -174,8 +175,6 @@ class WatchMode(TorchDispatchMode):
         nb = plan.copy and non_blocking(plan, args, kwargs)
         staged = nb and any(not w and b.device_key(t) is None and not b.is_pinned(t)
                             for t, w in ins)
-        if staged:  # H2D from pageable memory: CUDA waits for the stream, stages the source
-            tr.sync_stream(sid)
         ctx, clock = tr.enqueue(sid)
         allocs = tr.allocs
         out = func(*args, **kwargs)

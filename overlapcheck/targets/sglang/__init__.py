@@ -32,7 +32,7 @@ class SglangTarget(Target):
     install = env.INSTALL
     config_type = SglangConfig
     case_strategy = "overlapcheck.targets.sglang.strategies:cases"
-    case_options = ()
+    case_options = ("config",)
 
     def version(self) -> str:
         from importlib import metadata
@@ -69,14 +69,16 @@ class SglangTarget(Target):
         verify's own context; in real-forward mode the tiny Llama's greedy continuation
         (``golden.LlamaGolden``, transformers on the same checkpoint).
 
-        ``parity_accept`` is off: parity compares accept lengths by the request's verify
-        count, which a retraction shifts in SGLang — its re-prefill of prompt + output
-        samples a token (the reference engine's re-prefill samples none), so every
-        later verify starts one position on. The tokens stay equal, and the golden
-        checker's accept lengths are exact regardless."""
+        Parity compares accept lengths by the request's verify count, which a
+        retraction shifts in SGLang — its re-prefill of prompt + output samples a token
+        (the reference engine's re-prefill samples none), so every later verify starts
+        one position on. With the fake worker ``parity_accept`` is off (the golden
+        checker's accept lengths are exact regardless); with a real spec worker, whose
+        draft no golden model mirrors, parity compares them for each request until
+        either run retracts it (``"unretracted"``)."""
         from .golden import Golden, LlamaGolden
         golden = Golden(cfg) if cfg.model == "fake" else LlamaGolden(cfg)
-        return {"golden": golden, "parity_accept": False}
+        return {"golden": golden, "parity_accept": "unretracted" if cfg.real_worker else False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
         from ...engine.types import SEEDED

@@ -11,7 +11,7 @@ knows fault names; a fault counts as found only through the checker it names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from . import source_patch
 
@@ -25,11 +25,18 @@ class Fault:
     edits: Tuple[Tuple[str, str], ...]   # (exact text, replacement)
     trigger: str             # what a run needs for the fault to show
     description: str
+    #: the seed pull request (docs/design.md §7) whose class the fault re-creates
+    seed: Optional[str] = None
+    #: the spec worker the fault is fuzzed with: "any" (scheduler code both run), or
+    #: a config ``worker`` (the code path only that worker takes)
+    worker: str = "any"
+    #: names the edited source needs beyond its module's: (name, "module:attribute")
+    helpers: Tuple[Tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "pr": self.pr, "checker": self.checker,
                 "description": self.description, "trigger": self.trigger,
-                "sites": [self.target]}
+                "sites": [self.target], "seed": self.seed, "worker": self.worker}
 
 
 FAULTS: Dict[str, Fault] = {}
@@ -132,11 +139,126 @@ _register(Fault(
 ))
 
 
+# -- SGLang's real spec-v2 worker: the seeds' classes and the history of its overlap path --
+_REAL = "overlap loop, SGLang's real spec worker (worker: eagle-v2: its CUDA path runs under watch)"
+
+_register(Fault(
+    name="verify-result-no-wait",
+    seed="001: sgl-project/sglang#23452 (remove wait_for_verify sync)",
+    pr="sgl-project/sglang#23452 (open; the guard it removes is copy_done, #29075)",
+    checker="stream-race",
+    worker="eagle-v2",
+    target="sglang.srt.managers.scheduler_components.batch_result_processor:"
+           "SchedulerBatchResultProcessor.process_batch_result_decode",
+    edits=(("        if result.copy_done is not None:\n"
+            "            result.copy_done.synchronize()\n"
+            "        auxiliary_output_starts", "        auxiliary_output_starts"),),
+    trigger=_REAL + ", a decode whose result is processed",
+    description=(
+        "The host consumes a verify's result without waiting for it: decode result "
+        "processing reads the accept lengths and verified tokens (.tolist() of the pinned "
+        "buffers the copy stream fills with non-blocking copies) without "
+        "copy_done.synchronize(). Seed 001 removes spec v2's wait_for_verify host sync "
+        "('not sure if it has data race, lack of testing'); in 0.5.23 the one fence "
+        "between the verify and the host is copy_done, and this drops it."),
+))
+
+_register(Fault(
+    name="futuremap-relay-unordered",
+    seed="002: sgl-project/sglang#9588 (overlap scheduling for speculative decoding)",
+    pr="sgl-project/sglang#9588 (the FutureMap relay; a later ordering fix in it: #35748)",
+    checker="stream-race",
+    worker="eagle-v2",
+    target="sglang.srt.managers.scheduler:Scheduler.run_batch",
+    edits=(("                        if batch_result.delay_sample_func is None:\n"
+            "                            self._relay_forward_payload(\n"
+            "                                batch, future_indices, batch_result\n"
+            "                            )\n",
+            "                        if batch_result.delay_sample_func is None:\n"
+            "                            with self.device_module.stream(self.schedule_stream):\n"
+            "                                self._relay_forward_payload(\n"
+            "                                    batch, future_indices, batch_result\n"
+            "                                )\n"),),
+    trigger=_REAL + ", a batch whose next draft input is relayed (every spec batch)",
+    description=(
+        "The FutureMap slot is relayed before its write is ordered: the stash of the next "
+        "draft input (bonus tokens, top-k, hidden states) into the FutureMap's rows is "
+        "issued on the schedule stream instead of the forward stream, so it reads the "
+        "verify's and draft-extend's outputs while the forward still writes them. Seed "
+        "002 introduced this relay (future buffers per draft-input tensor, written by "
+        "step N and read by step N+1 with no host sync); #35748 fixed an ordering race "
+        "between publish and stash in the same map."),
+))
+
+_register(Fault(
+    name="release-single-reserve",
+    seed="004: frozen-KV MTP spec-v2 worker, a 24-token KV leak per finished request",
+    pr="(seed 004 is a draft; same class fixed in sgl-project/sglang#12224, #19518)",
+    checker="kv-accounting",
+    worker="eagle-v2",
+    target="sglang.srt.mem_cache.common:release_kv_cache",
+    edits=(("        req, owned_kv_len, req.kv.kv_allocated_len, tree_cache\n",
+            "        req, owned_kv_len,\n"
+            "        min(req.kv.kv_allocated_len, owned_kv_len + get_alloc_len_per_decode()),\n"
+            "        tree_cache,\n"),),
+    helpers=(("get_alloc_len_per_decode",
+              "sglang.srt.mem_cache.allocation_sizing:get_alloc_len_per_decode"),),
+    trigger="spec decode (a verify reserves twice its draft width; without spec nothing "
+            "is over-allocated)",
+    description=(
+        "Tearing down a finished request frees its committed KV and only one verify's "
+        "width of the tail past it, as if a decode reserved once: spec v2 reserves twice "
+        "the draft width per decode (the double buffer that absorbs the committed-length "
+        "lag of overlap), so the rest of the tail is stranded, per finished request. Seed "
+        "004's frozen-KV worker leaked 24 slots per finished request, its author "
+        "suspecting a release racing the schedule-side tear-down; 0.5.23's "
+        "FrozenKVMTPWorkerV2 owns no KV of its own (frozen_kv_mtp_worker_v2.py l.185-205, "
+        "l.492) and every spec worker's slots are released here (mem_cache/common.py "
+        "l.400-470): this re-creates the release that misses part of the range."),
+))
+
+_register(Fault(
+    name="war-barrier-off",
+    pr="sgl-project/sglang#26380 (WAR barrier for overlap schedule buffer writes; #18746)",
+    checker="stream-race",
+    worker="eagle-v2",
+    target="sglang.srt.managers.scheduler:Scheduler._apply_war_barrier",
+    edits=(("        if not self._war_barrier_enabled:\n            return\n",
+            "        return\n"),),
+    trigger=_REAL + ", a batch prepared while the previous forward runs",
+    description=(
+        "The schedule stream writes the request->token table (and the allocator's "
+        "buffers) for batch N+1 while forward N still reads them: the WAR barrier "
+        "(schedule_stream waits for forward_stream after each launch) is gone. #26380 "
+        "added it after flaky accuracy under overlap; #18746 described a reused "
+        "request-pool row rewritten during the previous forward."),
+))
+
+_register(Fault(
+    name="d2h-copy-unordered",
+    pr="sgl-project/sglang#29075 (overlap the result D2H copy with the next forward)",
+    checker="stream-race",
+    worker="eagle-v2",
+    target="sglang.srt.managers.scheduler:Scheduler._copy_result_to_cpu",
+    edits=(("        self.copy_stream.wait_stream(self.forward_stream)\n", ""),),
+    trigger=_REAL + ", any batch (its result is copied to the host)",
+    description=(
+        "The result copy to the host runs on the copy stream without waiting for the "
+        "forward that writes the tokens and accept lengths: #29075 moved the D2H to a "
+        "dedicated copy_stream ordered by copy_stream.wait_stream(forward_stream); "
+        "without that wait the copy reads the verify's outputs while they are written."),
+))
+
+
 # -- applying -------------------------------------------------------------------------------
 def patched_function(fault: Fault):
     """The pre-fix function: the original's source (as indented in its file) with the
     fault's edits, compiled in the original's module namespace."""
-    return source_patch.edited(fault.target, fault.edits, f"fault {fault.name}")
+    extra = {}
+    for name, where in fault.helpers:
+        mod, attr = where.split(":")
+        extra[name] = getattr(__import__(mod, fromlist=["_"]), attr)
+    return source_patch.edited(fault.target, fault.edits, f"fault {fault.name}", extra or None)
 
 
 def applied(names, session=None):
