@@ -8,6 +8,10 @@ same workload (docs/design.md §5.2).
   verifies that rode a batch after the finish was known are dropped by the engine and
   never compared; retraction is invisible (it changes neither).
 
+An output that runs past the reference's is reported when the request ends, its site
+naming how it ended (``("length", "abort")``, ``("length", "length")``, ...): the same
+symptom from different bugs gets different finding ids.
+
 Context: ``reference`` (the reference ``RunResult``; without it this checker is idle)
 and ``parity_accept`` (default True; False for a no-spec reference: tokens only;
 ``"unretracted"`` where a retraction shifts later verifies, as SGLang's re-prefill
@@ -42,6 +46,8 @@ class Parity(Checker):
         # accept lengths] (one lookup for a verify's common case)
         self.cursor: Dict[int, list] = {}
         self.diverged: Set[int] = set()
+        # rid -> (event, what the reference had, the extra token): reported at its end
+        self.overran: Dict[int, Tuple[object, str, str]] = {}
 
     def _ref_accepts(self, rid: int, ref) -> tuple:
         return () if rid in self.unaligned else ref.accept_lens
@@ -84,10 +90,10 @@ class Parity(Checker):
                                    f"token {ref.tokens[p]} at position {p} (reference)",
                                    f"token {tok}", "token")
             elif ref.finish_reason != ABORT:
-                return self._v(ev, rid, f"output runs past the reference's {len(ref.tokens)} "
-                               f"tokens ({ref.finish_reason})",
-                               f"{len(ref.tokens)} tokens, then '{ref.finish_reason}'",
-                               f"token {tok} at position {p}", "length")
+                self.diverged.add(rid)
+                self.overran[rid] = (ev, f"{len(ref.tokens)} tokens, then "
+                                         f"'{ref.finish_reason}'", f"token {tok} at position {p}")
+                return []
             p += 1
         return []
 
@@ -139,7 +145,22 @@ class Parity(Checker):
                            f"accept length {ev.accept_len}", "accept-length")
         return self._tokens(ev, ev.rid, ref, ev.tokens)
 
+    def _overran(self, rid: int, ending: str) -> List[Violation]:
+        ev, expected, seen = self.overran.pop(rid)
+        return [Violation(self.name, ev.iteration,
+                          f"request {rid}: output runs past the reference's ({expected})",
+                          expected, f"{seen} ({ending})", ("length", ending),
+                          {"rid": rid, "batch": ev.batch})]
+
+    def on_Aborted(self, ev: E.Aborted):
+        return self._overran(ev.rid, ABORT) if ev.rid in self.overran else []
+
+    def on_RunEnd(self, ev: E.RunEnd):
+        return [v for rid in sorted(self.overran) for v in self._overran(rid, "live")]
+
     def on_Finished(self, ev: E.Finished):
+        if ev.rid in self.overran:
+            return self._overran(ev.rid, ev.reason)
         if self.ref is None or ev.rid in self.diverged:
             return []
         ref = self.ref.get(ev.rid)

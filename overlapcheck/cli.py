@@ -55,9 +55,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    from .targets.base import TargetUnavailable
     try:
         return int(args.func(args) or 0)
-    except UsageError as e:
+    except (UsageError, TargetUnavailable) as e:
+        # a target's engine missing (a repro of a target replayed where it is not
+        # installed): one line naming the install command, never "reproduced"
         print(f"overlapcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -184,6 +184,7 @@ def _check_faults(faults, target: str = "reference") -> None:
 
 
 def run(args) -> int:
+    engine_logs = _route_engine_logs(args)   # before any worker process starts
     if (args.jobs or 1) > 1 and args.ray is None:
         from .jobs import start_server
         start_server()         # the workers' imports, while this process checks the flags
@@ -196,11 +197,27 @@ def run(args) -> int:
         summary = run_ray(opts, args.ray, args.jobs)
     else:
         summary = run_jobs(opts, args.jobs or 1)
+    if engine_logs:
+        summary["engine_logs"] = engine_logs
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         _print_summary(summary)
     return 1 if summary["findings"] or summary.get("lost") else 0
+
+
+def _route_engine_logs(args):
+    """A real engine's own log lines go to ``--out``/engine-logs/ (``targets.logs``),
+    not to the terminal the campaign's progress and findings are on; the folder, or
+    None for an engine that logs nothing of its own."""
+    import os
+
+    from .. import targets
+    from ..targets import logs
+    cls = targets.TARGETS.get(args.target)
+    if cls is None or not getattr(targets.get(args.target), "engine_logs", False):
+        return None
+    return os.path.dirname(logs.route_to(args.out, args.target))
 
 
 def _check_shared_db(url: str) -> None:
@@ -220,6 +237,8 @@ def _print_summary(s: dict) -> None:
     print(f"fuzz ({what}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
           f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} "
           f"steps/s{per_cpu}), {len(s['findings'])} finding(s)")
+    if s.get("engine_logs"):
+        print(f"  the engine's own log lines: {s['engine_logs']}/")
     for f in s["findings"]:
         where = f" -> {f['repro']}" if f.get("repro") else ""
         print(f"  {f['id']}: {f['text'].splitlines()[0]}{where}")

@@ -125,6 +125,9 @@ class Target:
     #: imports it, the target never imports the fuzzer.
     case_strategy = ""
     case_options: tuple = ()          # the keyword options its case strategy takes
+    #: its engine's own log lines go to ``targets.logs.path()`` when one is set (a
+    #: campaign sets ``--out``/engine-logs): the campaign says where
+    engine_logs = False
 
     def version(self) -> str:
         """The installed engine's version; ``TargetUnavailable`` when it is missing or

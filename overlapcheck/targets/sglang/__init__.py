@@ -33,6 +33,7 @@ class SglangTarget(Target):
     config_type = SglangConfig
     case_strategy = "overlapcheck.targets.sglang.strategies:cases"
     case_options = ("config",)
+    engine_logs = True        # its log lines go where targets.logs says (fuzz: --out)
 
     def version(self) -> str:
         from importlib import metadata
@@ -140,8 +141,11 @@ class SglangTarget(Target):
         if faults:
             cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults)
                                                                       + tuple(faults))))
+        from .. import logs
         from . import build
         if not build.imported():
             self.version()      # before SGLang's import: one line when it is missing
         from .session import SglangSession
-        return SglangSession(build.build(cfg), cfg, strategy, observer, detect=detect)
+        with logs.routed():
+            built = build.build(cfg)
+        return SglangSession(built, cfg, strategy, observer, detect=detect)

@@ -43,6 +43,8 @@ ENV: Dict[str, str] = {
     # Triton kernels become interpreted functions when they are defined: the real spec
     # workers' launches then reach their CPU twins (twins.py), or the interpreter
     "TRITON_INTERPRET": "1",
+    # no progress bar per checkpoint load (tqdm reads this when it is imported)
+    "TQDM_DISABLE": "1",
 }
 
 STUBBED_ROOTS = ("torchvision", "vllm")

@@ -83,7 +83,9 @@ def _hf_llama(vocab: int, context: int, pair: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
     from . import checkpoint
     path = checkpoint.pair_dirs(vocab, context)[0] if pair else checkpoint.model_dir(vocab, context)
-    model = LlamaForCausalLM(LlamaConfig(**checkpoint.config(vocab, context),
-                                         attn_implementation="eager"))
+    # eos: SGLang's config names one past the vocabulary (never sampled); the golden
+    # model decodes greedily to a length and needs none (transformers warns about it)
+    cfg = dict(checkpoint.config(vocab, context), eos_token_id=None)
+    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="eager"))
     model.load_state_dict(load_file(f"{path}/model.safetensors"))
     return model.float().eval()

@@ -129,6 +129,8 @@ class SglangSession(Session):
         self._patches = contextlib.ExitStack()
         try:
             with self._patches:
+                from .. import logs
+                self._patches.enter_context(logs.routed())
                 self._patches.enter_context(self.built.active())
                 self._patches.enter_context(DynamicGradMode())
                 self._patches.enter_context(cpu_kernels())
@@ -409,7 +411,6 @@ class SglangSession(Session):
                 self.emit(E.Retracted(it, -1, rid, int(req.kv.kv_committed_len)))
         for rid, req, abort in ending:
             self.ended[rid] = "abort" if abort else _reason(req)
-            self.obs.drop_row(it, -1, rid)
             if abort:
                 self.emit(E.Aborted(it, -1, rid, tuple(visible(req))))
             else:
