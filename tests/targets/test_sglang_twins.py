@@ -295,3 +295,23 @@ def test_twins_declare_their_accesses_to_watch(sg):
         with torch.cuda.stream(side):
             bonus.add_(1)
     assert len(w.reports) == 1 and "fill_bonus_tokens" in str(w.reports[0])
+
+
+def test_a_launch_that_stores_past_its_rows_is_refused_with_its_site(sg):
+    """SGLang 0.5.23 sizes a draft step's kv_indices row num_seqs * topk * context; a
+    request within num_steps of its context limit needs more. The interpreted kernel
+    stores past the row (into the next step's, then past the buffer); the twin refuses
+    the launch and names it."""
+    from overlapcheck.targets.sglang import twins
+    k = sg["cache_locs"].generate_draft_decode_kv_indices
+    steps, ctx = 3, 8
+    table = torch.arange(100, 100 + 3 * 16, dtype=torch.int32).view(3, 16)
+    big = torch.full((steps * ctx + 8,), -1, dtype=torch.int64)
+    args = lambda kv: (torch.tensor([2]), table, torch.tensor([ctx - 1], dtype=torch.int32), kv,  # noqa: E731
+                       torch.zeros((steps, 2), dtype=torch.int32), torch.tensor([ctx - 1]),
+                       table.shape[1], ctx, 2, 1, 4, 1, 1)
+    k[(steps, 1, 1)](*args(big[:steps * ctx].view(steps, ctx)))
+    assert big[steps * ctx:].tolist()[:2] == [140, 141]     # row 2, positions 8, 9: past the buffer
+    with twins.installed(), pytest.raises(twins.KernelOutOfBounds) as e:
+        k[(steps, 1, 1)](*args(torch.full((steps, ctx), -1, dtype=torch.int64)))
+    assert "stores 10 entries in a draft step's kv_indices row of 8" in str(e.value)

@@ -44,6 +44,27 @@ from overlapcheck.watch.kernel import device_kernel
 INTERPRET = object()   # a kernel twin's answer for a variant it does not cover
 
 
+class KernelOutOfBounds(IndexError):
+    """A launch whose kernel would store outside the buffer it is given: on a GPU an
+    out-of-bounds write (memory of whatever lies past the tensor), or a store into a
+    region another program of the same launch writes (a race inside the kernel).
+    The twin stops the run there and names the launch."""
+
+
+def _launch_site() -> str:
+    """``file:line`` of the innermost SGLang frame that launched the kernel."""
+    import os
+    import sys as _sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_sys.modules["sglang"].__file__)))
+    f = _sys._getframe(1)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if name.startswith(root + os.sep + "sglang" + os.sep):
+            return f"{name[len(root) + 1:]}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     """The tensor's memory as a NumPy view (torch's own accessor, never a patched one)."""
     return torch._C.TensorBase.numpy(t)
@@ -165,6 +186,14 @@ def draft_decode_kv_indices(grid, a) -> object:
         kv_indices, kv_indptr = _flat(a["kv_indices"]), _flat(a["kv_indptr"])
         row_stride, ps = int(a["row_stride"]), int(a["page_size"])
         si, sp = int(a["kv_indices_stride"]), int(a["kv_indptr_stride"])
+        need = max(int(lens[:bs].sum()) * topk + bs * topk * (it0 + 1) for it0 in range(steps))
+        if need > si:
+            raise KernelOutOfBounds(
+                f"generate_draft_decode_kv_indices launched at {_launch_site()} stores "
+                f"{need} entries in a draft step's kv_indices row of {si} (sequence lengths "
+                f"{[int(x) for x in lens[:bs]]}, {steps} steps, topk {topk}): past its row, "
+                f"into the next step's (a race between the launch's programs) and, for the "
+                f"last step, past the end of the buffer")
         for it0 in range(steps):
             it = it0 + 1
             for b in range(bs):
