@@ -224,6 +224,18 @@ def test_write_req_to_token_pool(sg):
     _same(a, b)
 
 
+def test_get_last_loc(sg):
+    f = sg["common"].get_last_loc_triton
+    out = []
+
+    def run(table, rows, pre):
+        out.append(f(table, rows, pre))
+
+    _both(run, lambda: (torch.arange(5 * 12, dtype=torch.int32).view(5, 12) * 3,
+                        torch.tensor([3, 0, 1, 4]), torch.tensor([5, 0, 12, 1])))
+    assert torch.equal(*out) and out[0][1] == -1, out
+
+
 def _attention_inputs(g, heads=4, kvh=2, d=16, slots=40):
     return (torch.randn(slots, kvh, d, generator=g), torch.randn(slots, kvh, d, generator=g))
 

@@ -399,9 +399,24 @@ def write_req_to_token_pool(grid, a) -> object:
     return None
 
 
+def get_last_loc(grid, a) -> object:
+    """Each request's last prefix slot: ``result[i] = table[row_i, prefix_i - 1]``, or
+    -1 without a prefix (paged allocation continues from it)."""
+    reads = (a["req_to_token"], a["req_pool_indices_tensor"], a["prefix_lens_tensor"])
+    with device_kernel("get_last_loc_kernel", reads, (a["result"],)):
+        table, stride = _flat(a["req_to_token"]), int(a["req_to_token_stride"])
+        rows, pre = _np(a["req_pool_indices_tensor"]), _np(a["prefix_lens_tensor"])
+        out = _flat(a["result"])
+        for i in range(int(a["num_tokens"])):
+            p = int(pre[i])
+            out[i] = table[int(rows[i]) * stride + p - 1] if p > 0 else -1
+    return None
+
+
 KERNELS: Dict[str, Callable] = {
     "sglang.kernels.ops.attention.position:compute_position_kernel": compute_position,
     "sglang.kernels.ops.memory.common:write_req_to_token_pool_triton": write_req_to_token_pool,
+    "sglang.kernels.ops.memory.common:get_last_loc_kernel": get_last_loc,
     "sglang.kernels.ops.attention.kv_indices:create_flashinfer_kv_indices_triton":
         create_flashinfer_kv_indices,
     "sglang.kernels.ops.speculative.gather_spec_extras:_gather_rows_kernel": gather_rows,
