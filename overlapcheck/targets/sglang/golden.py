@@ -99,8 +99,10 @@ def _hf_gemma4(vocab: int, context: int):
     from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
     from . import checkpoint
     path = checkpoint.mtp_pair_dirs(vocab, context)[0]
+    # eos: one past the vocabulary (never sampled); greedy decoding to a length needs none
     cfg = {k: v for k, v in checkpoint.gemma_config(vocab, context).items()
            if k not in ("architectures", "model_type")}
+    cfg["eos_token_id"] = None
     model = Gemma4ForCausalLM(Gemma4TextConfig(**cfg, attn_implementation="eager"))
     model.load_state_dict(load_file(f"{path}/model.safetensors"))
     return model.float().eval()
