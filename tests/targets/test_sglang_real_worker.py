@@ -1,8 +1,9 @@
-"""SGLang's own spec-v2 worker (``worker: eagle-v2``) under the run driver: clean runs
-agree across loops and with the tiny target's own continuation, the race detector
-watches SGLang's CUDA path and stays quiet, and each fault re-created in SGLang's real
-code is caught by its checker and silent without its trigger (skipped where SGLang is
-missing; the config and strategy tests run everywhere)."""
+"""SGLang's own spec-v2 workers (``worker: eagle-v2``, ``worker: frozen-kv-mtp-v2``)
+under the run driver: clean runs agree across loops and with the tiny target's own
+continuation, the race detector watches SGLang's CUDA path and stays quiet, and each
+fault re-created in SGLang's real code is caught by its checker (and, for eagle-v2,
+silent without its trigger) (skipped where SGLang is missing; the config and strategy
+tests run everywhere)."""
 from dataclasses import replace
 
 import pytest
@@ -36,21 +37,23 @@ def test_a_real_worker_config_says_what_it_needs():
         SglangConfig(worker="eagle-v2", spec_steps=2)
     with pytest.raises(ValueError, match="spec_steps must be in 1..4"):
         SglangConfig(worker="eagle-v2", model="real")
-    with pytest.raises(ValueError) as e:
-        from_dict({"worker": "frozen-kv-mtp-v2"})
-    assert "\n" not in str(e.value) and "sliding-window" in str(e.value)
+    mtp = from_dict({"worker": "frozen-kv-mtp-v2", "spec_steps": 4})
+    assert mtp.real_worker and mtp.model == "real" and mtp.spec_steps == 4
     with pytest.raises(ValueError, match="worker must be one of"):
         from_dict({"worker": "eagle"})
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-@given(cases(config={"worker": "eagle-v2"}))
-def test_pinned_cases_keep_the_worker_and_draw_the_rest(case):
-    cfg = case.config
-    assert cfg.worker == "eagle-v2" and cfg.model == "real" and 1 <= cfg.spec_steps <= 4
-    assert all(r.sampling == GREEDY for r in case.workload.requests)
-    SglangTarget().check_workload(case.workload, cfg)
+@pytest.mark.parametrize("worker", ["eagle-v2", "frozen-kv-mtp-v2"])
+def test_pinned_cases_keep_the_worker_and_draw_the_rest(worker):
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(cases(config={"worker": worker}))
+    def check(case):
+        cfg = case.config
+        assert cfg.worker == worker and cfg.model == "real" and 1 <= cfg.spec_steps <= 4
+        assert all(r.sampling == GREEDY for r in case.workload.requests)
+        SglangTarget().check_workload(case.workload, cfg)
+    check()
 
 
 def test_fuzz_config_is_refused_where_the_campaign_draws_every_field(tmp_path, capsys):
@@ -137,3 +140,61 @@ def test_every_real_worker_fault_is_tested():
     from overlapcheck.targets.sglang.faults import FAULTS
     assert sorted(n for n, f in FAULTS.items() if f.worker == "eagle-v2") == \
         sorted(f for f, _, _ in REAL_FAULTS)
+
+
+# -- the frozen-KV MTP worker ---------------------------------------------------------------
+def _mtp(**kw) -> SglangConfig:
+    return from_dict(dict({"worker": "frozen-kv-mtp-v2", "spec_steps": 2}, **PAIR, **kw))
+
+
+def test_frozen_kv_mtp_v2_runs_sglangs_own_worker_in_both_loops_and_clean(sglang):
+    """Both loops agree with each other and with transformers' Gemma4 (the golden),
+    request 3's prompt being longer than the target's sliding window."""
+    from overlapcheck.targets.sglang import checkpoint
+    assert len(WL.requests[2].prompt) > checkpoint.GEMMA_WINDOW
+    ov = _run(_mtp(spec_steps=4))
+    nm = _run(_mtp(spec_steps=4, overlap=False))
+    assert ov.findings == [] and nm.findings == [], (ov.findings + nm.findings)[:3]
+    assert type(ov.engine.model_worker).__name__ == "FrozenKVMTPWorkerV2"
+    assert _tokens(ov.result) == _tokens(nm.result)
+    accepts = [a for r in ov.result.requests.values() for a in r.accept_lens]
+    assert max(accepts) > 2 and min(accepts) == 1, accepts
+
+
+def test_frozen_kv_mtp_v2_session_runs_twins_and_the_cuda_path(sglang):
+    from overlapcheck.device.sched import Eager
+    s = SglangTarget().open(_mtp(page_size=2), Eager(), None)
+    try:
+        s.run(WL)
+    finally:
+        s.close()
+    assert s.launches.twin["assign_extend_cache_locs_uniform"] > 0 and not s.launches.interpreted
+    summary = s.watch.summary()
+    assert summary["races"] == 0 and summary["streams"] >= 4 and summary["accesses"] > 1000
+
+
+def test_the_normal_loop_meets_sglangs_own_40155_without_the_upstream_fix(sglang):
+    """SGLang 0.5.23's normal loop hands every spec-v2 worker pp_proxy_tensors
+    (scheduler.py l.4827-4829); FrozenKVMTPWorkerV2 does not take it: the call fails
+    before the worker runs. The target applies the upstream fix there and only there."""
+    import inspect
+    from overlapcheck.targets.sglang import env
+    from overlapcheck.targets.sglang.real_worker import upstream_fixes
+    with env.stubbed():
+        from sglang.srt.speculative.frozen_kv_mtp_worker_v2 import FrozenKVMTPWorkerV2
+    fn = FrozenKVMTPWorkerV2.forward_batch_generation
+    assert "pp_proxy_tensors" not in inspect.signature(fn).parameters
+    with pytest.raises(TypeError, match="pp_proxy_tensors"):
+        fn(object.__new__(FrozenKVMTPWorkerV2), None, pp_proxy_tensors=None)
+    fixed = upstream_fixes("frozen-kv-mtp-v2", overlap=False)
+    assert len(fixed) == 1 and "pp_proxy_tensors" in inspect.signature(fixed[0][3]).parameters
+    assert upstream_fixes("frozen-kv-mtp-v2", overlap=True) == []
+    assert upstream_fixes("eagle-v2", overlap=False) == []
+
+
+@pytest.mark.parametrize("fault,checker,quiet", REAL_FAULTS)
+def test_shared_faults_are_caught_with_the_frozen_kv_mtp_worker(sglang, fault, checker, quiet):
+    """The faults re-created for eagle-v2 patch scheduler and release code that this
+    worker runs too; each is caught by its checker here as well."""
+    out = _run(_mtp(), faults=(fault,))
+    assert checker in {f.checker for f in out.findings}, out.findings

@@ -224,6 +224,18 @@ def test_write_req_to_token_pool(sg):
     _same(a, b)
 
 
+def test_get_last_loc(sg):
+    f = sg["common"].get_last_loc_triton
+    out = []
+
+    def run(table, rows, pre):
+        out.append(f(table, rows, pre))
+
+    _both(run, lambda: (torch.arange(5 * 12, dtype=torch.int32).view(5, 12) * 3,
+                        torch.tensor([3, 0, 1, 4]), torch.tensor([5, 0, 12, 1])))
+    assert torch.equal(*out) and out[0][1] == -1, out
+
+
 def _attention_inputs(g, heads=4, kvh=2, d=16, slots=40):
     return (torch.randn(slots, kvh, d, generator=g), torch.randn(slots, kvh, d, generator=g))
 
@@ -277,6 +289,96 @@ def test_extend_attention(sg, masked):
     f(q, k, v, want, kb, vb, *args)
     twins.extend_attention_fwd(q, k, v, got, kb, vb, *args)
     assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+
+
+@pytest.mark.parametrize("masked,causal", [(False, True), (False, False), (True, True)])
+def test_extend_attention_sliding_window(sg, masked, causal):
+    """A window of 3 over window-trimmed prefixes (Gemma4's sliding layers): the
+    prefix slots are the window's, and a custom mask (a tree verify's) is laid out
+    over the whole context, read from each request's window offset on."""
+    from overlapcheck.targets.sglang import twins
+    f = sg["extend_attention"].extend_attention_fwd
+    g = _gen(10)
+    kb, vb = _attention_inputs(g)
+    ext, pre, off = [3, 1, 4], [2, 0, 3], [4, 0, 1]     # window prefix, trimmed before it
+    n = sum(ext)
+    q, k, v = (torch.randn(n, h, 16, generator=g) for h in (4, 2, 2))
+    qo = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    kvp = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    idx = torch.randperm(40, generator=g)[:5].to(torch.int64)
+    mask = mask_indptr = offsets = None
+    if masked:       # causal chains over the whole context, as a topk-1 verify builds them
+        rows = []
+        for e, p, o in zip(ext, pre, off):
+            m = torch.zeros(e, o + p + e, dtype=torch.bool)
+            m[:, :o + p] = True
+            m[:, o + p:] = torch.ones(e, e, dtype=torch.bool).tril()
+            rows.append(m.flatten())
+        mask = torch.cat(rows)
+        mask_indptr = torch.tensor([0] + list(torch.cumsum(torch.tensor([r.numel() for r in rows]), 0)),
+                                   dtype=torch.int64)
+        offsets = torch.tensor(off, dtype=torch.int64)
+    want, got = torch.zeros(n, 4, 16), torch.zeros(n, 4, 16)
+    args = (qo, kvp, idx, mask, causal, mask_indptr, 4, 1.0, 1.0)
+    kw = dict(sliding_window_size=3, window_kv_offsets=offsets)
+    f(q, k, v, want, kb, vb, *args, **kw)
+    twins.extend_attention_fwd(q, k, v, got, kb, vb, *args, **kw)
+    assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+    if not masked:      # the window really cuts: without it the same launch differs
+        whole = torch.zeros(n, 4, 16)
+        twins.extend_attention_fwd(q, k, v, whole, kb, vb, *args)
+        assert not torch.allclose(whole, got, atol=1e-3)
+
+
+def test_extend_attention_scales_prefix_and_new_keys_as_the_kernel(sg):
+    """k_scale and v_scale apply to the prefix (the cached KV) only."""
+    from overlapcheck.targets.sglang import twins
+    f = sg["extend_attention"].extend_attention_fwd
+    g = _gen(11)
+    kb, vb = _attention_inputs(g)
+    q, k, v = (torch.randn(5, h, 16, generator=g) for h in (4, 2, 2))
+    args = (torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32),
+            torch.arange(6), None, True, None, 5, 0.5, 2.0)
+    want, got = torch.zeros(5, 4, 16), torch.zeros(5, 4, 16)
+    f(q, k, v, want, kb, vb, *args)
+    twins.extend_attention_fwd(q, k, v, got, kb, vb, *args)
+    assert torch.allclose(want, got, atol=1e-5), (want - got).abs().max()
+
+
+@pytest.mark.parametrize("extras", [False, True])
+def test_assign_extend_cache_locs_uniform(sg, extras):
+    f = sg["cache_locs"].assign_extend_cache_locs_uniform
+
+    def make():
+        g = _gen(12)
+        return (torch.tensor([2, 0, 5]), torch.randint(0, 300, (7, 30), generator=g, dtype=torch.int32),
+                torch.tensor([4, 11, 0]), torch.full((3 * 4,), -1, dtype=torch.int64),
+                torch.full((3, 4), -1, dtype=torch.int64), torch.tensor([7, 8, 9]),
+                torch.full((3, 2), -1, dtype=torch.int64))
+
+    def run(rows, table, start, out, pos, src, anchor):
+        kw = dict(positions_out=pos, anchor_src=src, anchor_out=anchor,
+                  anchor_stride=anchor.stride(0)) if extras else {}
+        f[(3,)](rows, table, start, out, table.shape[1], 4, **kw)
+
+    a, b = _both(run, make)
+    _same(a, b)
+
+
+def test_assign_extend_cache_locs(sg):
+    f = sg["cache_locs"].assign_extend_cache_locs
+
+    def make():
+        g = _gen(13)
+        return (torch.tensor([2, 0, 5]), torch.randint(0, 300, (7, 30), generator=g, dtype=torch.int32),
+                torch.tensor([4, 11, 0]), torch.tensor([7, 11, 5]),
+                torch.full((8,), -1, dtype=torch.int64))
+
+    def run(rows, table, start, end, out):
+        f[(3,)](rows, table, start, end, out, table.shape[1], 4)
+
+    a, b = _both(run, make)
+    _same(a, b)
 
 
 def test_twins_declare_their_accesses_to_watch(sg):

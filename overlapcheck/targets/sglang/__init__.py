@@ -77,9 +77,9 @@ class SglangTarget(Target):
         checker's accept lengths are exact regardless); with a real spec worker, whose
         draft no golden model mirrors, parity compares them for each request until
         either run retracts it (``"unretracted"``)."""
-        from .golden import Golden, LlamaGolden
-        golden = Golden(cfg) if cfg.model == "fake" else LlamaGolden(cfg)
-        return {"golden": golden, "parity_accept": "unretracted" if cfg.real_worker else False}
+        from .golden import golden_for
+        return {"golden": golden_for(cfg),
+                "parity_accept": "unretracted" if cfg.real_worker else False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
         from ...engine.types import SEEDED

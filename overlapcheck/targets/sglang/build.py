@@ -92,8 +92,11 @@ def _free_port() -> int:
 
 
 def model_paths(cfg: SglangConfig) -> "tuple[str, str]":
-    """(target, draft) checkpoint directories: the spec pair for a real worker, else
-    the tiny Llama (the fake worker's draft needs no weights: its path is the target's)."""
+    """(target, draft) checkpoint directories: the spec pair for a real worker (the
+    Gemma4 pair for the frozen-KV MTP worker), else the tiny Llama (the fake worker's
+    draft needs no weights: its path is the target's)."""
+    if cfg.worker == "frozen-kv-mtp-v2":
+        return checkpoint.mtp_pair_dirs(cfg.vocab, cfg.context)
     if cfg.real_worker:
         return checkpoint.pair_dirs(cfg.vocab, cfg.context)
     path = checkpoint.model_dir(cfg.vocab, cfg.context)
@@ -108,7 +111,8 @@ def server_args(cfg: SglangConfig, path: str, draft: str = ""):
                     speculative_num_steps=cfg.spec_steps, speculative_eagle_topk=1,
                     speculative_num_draft_tokens=cfg.spec_steps + 1)
     # a real spec worker runs SGLang's Triton attention backend (its kernels' CPU twins,
-    # twins.py): the torch-native backend has no EAGLE draft or verify support
+    # twins.py): the torch-native backend has no EAGLE draft or verify support, and
+    # SGLang refuses it for Gemma4 (arg_groups/model_hook.py l.656)
     return ServerArgs(
         model_path=path, tokenizer_path=path, skip_tokenizer_init=True, device="cpu",
         attention_backend="triton" if cfg.real_worker else "torch_native",

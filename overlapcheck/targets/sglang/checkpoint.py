@@ -20,6 +20,14 @@ mostly a function of the last token, and often not), and an EAGLE head that pred
 that last-token choice from the embedding, with a small share of the target's hidden
 state and of its own attention mixed in. The draft then agrees with the target often
 enough for multi-token accept runs, and disagrees often enough for short ones.
+
+The frozen-KV MTP worker runs a Gemma4 pair (``mtp_pair_dirs``): a Gemma4 text target
+whose first layer attends through a sliding window (its KV in SGLang's sliding-window
+pool) and a Gemma4 assistant (the MTP draft) whose layers own no KV and read the
+target's. Their weights follow the same recipe: the target's layers add a
+post-normed context term to the scaled embedding of each token; the assistant
+projects (embedding, target hidden state) back to mostly the embedding and ends in
+the target's output head, so it predicts the target's last-token choice.
 """
 from __future__ import annotations
 
@@ -106,6 +114,108 @@ def eagle_weights(vocab: int) -> Dict[str, "object"]:
          "lm_head.weight": target["lm_head.weight"]}
     w.update(_layer(g, "layers.0.", PAIR_DRAFT_LAYER, input_norm=False))
     return {k: v.contiguous() for k, v in w.items()}
+
+
+# -- the Gemma4 pair of the frozen-KV MTP worker ---------------------------------------------
+#: Gemma4 shapes: every head 16 wide (sliding, full, and the assistant's), a window of
+#: 8 tokens (SGLang's window is one less: exclusive), two target layers
+GEMMA_HEAD, GEMMA_WINDOW = 16, 8
+GEMMA_LAYERS = ["sliding_attention", "full_attention"]
+#: the post-norm weights of the target's layers (their share against the embedding,
+#: whose RMS is sqrt(HIDDEN)) and of the assistant's, and the assistant's share of the
+#: target's hidden state
+MTP_TARGET_POST, MTP_DRAFT_POST, MTP_HIDDEN_SHARE = 2.0, 0.1, 0.1
+
+
+def gemma_config(vocab: int, context: int) -> dict:
+    """The Gemma4 text target (``Gemma4ForCausalLM``): no per-layer inputs, no MoE,
+    rotary defaults of Gemma4, an output head of its own."""
+    return {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "hidden_size": HIDDEN, "intermediate_size": INTER, "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "head_dim": GEMMA_HEAD,
+        "global_head_dim": GEMMA_HEAD, "swa_head_dim": GEMMA_HEAD,
+        "swa_num_key_value_heads": KV_HEADS, "num_hidden_layers": len(GEMMA_LAYERS),
+        "layer_types": list(GEMMA_LAYERS), "sliding_window": GEMMA_WINDOW,
+        "vocab_size": vocab, "max_position_embeddings": context,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+        "rms_norm_eps": 1e-6, "torch_dtype": "float32", "bos_token_id": 0,
+        "eos_token_id": vocab, "pad_token_id": 0,      # eos: never sampled
+        "tie_word_embeddings": False,
+    }
+
+
+def assistant_config(vocab: int, context: int) -> dict:
+    """The Gemma4 assistant (``Gemma4AssistantForCausalLM``): one layer per target
+    layer type, each reading the KV of the target's last layer of its type."""
+    text = gemma_config(vocab, context)
+    del text["architectures"]
+    text.update(num_kv_shared_layers=len(GEMMA_LAYERS), tie_word_embeddings=True)
+    return {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
+            "backbone_hidden_size": HIDDEN, "text_config": text, "torch_dtype": "float32",
+            "tie_word_embeddings": True}
+
+
+def _gemma_layer(g, p: str, post: float, kv: bool = True) -> Dict[str, "object"]:
+    import torch
+    w = {p + "self_attn.q_proj.weight": _linear(g, HEADS * GEMMA_HEAD, HIDDEN),
+         p + "self_attn.o_proj.weight": _linear(g, HIDDEN, HEADS * GEMMA_HEAD),
+         p + "self_attn.q_norm.weight": torch.ones(GEMMA_HEAD),
+         p + "mlp.gate_proj.weight": _linear(g, INTER, HIDDEN),
+         p + "mlp.up_proj.weight": _linear(g, INTER, HIDDEN),
+         p + "mlp.down_proj.weight": _linear(g, HIDDEN, INTER),
+         p + "input_layernorm.weight": torch.ones(HIDDEN),
+         p + "pre_feedforward_layernorm.weight": torch.ones(HIDDEN),
+         p + "post_attention_layernorm.weight": torch.full((HIDDEN,), post),
+         p + "post_feedforward_layernorm.weight": torch.full((HIDDEN,), post),
+         p + "layer_scalar": torch.ones(1)}
+    if kv:
+        w.update({p + "self_attn.k_proj.weight": _linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
+                  p + "self_attn.v_proj.weight": _linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
+                  p + "self_attn.k_norm.weight": torch.ones(GEMMA_HEAD)})
+    return w
+
+
+def gemma_weights(vocab: int) -> Dict[str, "object"]:
+    """The target's HF-named tensors: embedding N(0, 1) (Gemma scales it by
+    sqrt(hidden)), each layer's post-norms at ``MTP_TARGET_POST``, head N(0, 1/hidden)."""
+    import torch
+    g = torch.Generator().manual_seed(SEED + 2)
+    w = {"model.embed_tokens.weight": torch.randn(vocab, HIDDEN, generator=g)}
+    for i in range(len(GEMMA_LAYERS)):
+        w.update(_gemma_layer(g, f"model.layers.{i}.", MTP_TARGET_POST))
+    w["model.norm.weight"] = torch.ones(HIDDEN)
+    w["lm_head.weight"] = _linear(g, vocab, HIDDEN)
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def assistant_weights(vocab: int) -> Dict[str, "object"]:
+    """The assistant's HF-named tensors: ``pre_projection`` keeps the token's
+    embedding and a ``MTP_HIDDEN_SHARE`` of the target's hidden state; its layers
+    (no K/V: they read the target's) add a small share; ``post_projection`` hands
+    its normed state on as the next step's hidden state; its tied head is the
+    target's output head."""
+    import torch
+    target = gemma_weights(vocab)
+    g = torch.Generator().manual_seed(SEED + 3)
+    w = {"pre_projection.weight": torch.cat(
+            [torch.eye(HIDDEN), _linear(g, HIDDEN, HIDDEN, MTP_HIDDEN_SHARE)], dim=1),
+         "post_projection.weight": torch.eye(HIDDEN),
+         "model.embed_tokens.weight": target["lm_head.weight"],
+         "model.norm.weight": torch.ones(HIDDEN)}
+    for i in range(len(GEMMA_LAYERS)):
+        w.update(_gemma_layer(g, f"model.layers.{i}.", MTP_DRAFT_POST, kv=False))
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def mtp_pair_dirs(vocab: int, context: int, root: str = "") -> "tuple[str, str]":
+    """(Gemma4 target, Gemma4 assistant) directories of the frozen-KV MTP pair."""
+    base = os.path.join(root or scratch_root(), f"gemma4-mtp-v{vocab}-c{context}-s{SEED}")
+    target = _write(base + "-target", lambda: gemma_config(vocab, context),
+                    lambda: gemma_weights(vocab))
+    draft = _write(base + "-assistant", lambda: assistant_config(vocab, context),
+                   lambda: assistant_weights(vocab))
+    return target, draft
 
 
 def model_dir(vocab: int, context: int, root: str = "") -> str:

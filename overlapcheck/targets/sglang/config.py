@@ -11,7 +11,9 @@ from typing import Tuple
 
 MODELS = ("fake", "real")
 #: the spec worker: ``fake`` (the deterministic fake, ``worker.py``), or one of SGLang's
-#: own spec-v2 worker classes, run unmodified on the tiny pair (``real_worker.py``)
+#: own spec-v2 worker classes, run unmodified on a tiny pair (``real_worker.py``):
+#: ``eagle-v2`` (EAGLEWorkerV2, Llama target and EAGLE head), ``frozen-kv-mtp-v2``
+#: (FrozenKVMTPWorkerV2, Gemma4 target and Gemma4 assistant; ``checkpoint``)
 WORKERS = ("fake", "eagle-v2", "frozen-kv-mtp-v2")
 REAL_WORKERS = WORKERS[1:]
 
@@ -68,10 +70,6 @@ class SglangConfig:
                                        f"model must be real")
             need(self.spec_steps >= 1, f"worker {self.worker} is a spec worker: spec_steps "
                                        f"must be in 1..4")
-        if self.worker == "frozen-kv-mtp-v2":
-            need(False, "worker frozen-kv-mtp-v2 is not runnable on CPU in SGLang 0.5.23 "
-                        "(its Gemma4 target's first prefill needs a sliding-window KV pool "
-                        "that no CPU attention backend fills; docs/targets.md)")
         need(self.step_bound >= 16, f"step_bound must be >= 16, got {self.step_bound}")
         need(isinstance(self.faults, tuple) and all(isinstance(x, str) for x in self.faults),
              f"faults must be a list of names, got {self.faults!r}")

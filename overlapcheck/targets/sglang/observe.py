@@ -46,8 +46,7 @@ class Observer:
         self.s = scheduler
         self.page_size = page_size
         self.emit = emit
-        alloc = scheduler.token_to_kv_pool_allocator
-        self.total = alloc.size
+        self.total = _full_allocator(scheduler).size
         self.row_width = scheduler.req_to_token_pool.req_to_token.shape[1]
         self.rows_total = scheduler.req_to_token_pool.size
         self.owner: Dict[int, Tuple[int, str, int]] = {}     # slot -> (rid, purpose, step)
@@ -58,7 +57,7 @@ class Observer:
     # -- reading SGLang ---------------------------------------------------------------------
     def free_slots(self) -> Tuple[int, List[int]]:
         """(count as the allocator reports it, the slots it lists)."""
-        a = self.s.token_to_kv_pool_allocator
+        a = _full_allocator(self.s)
         if hasattr(a, "get_all_free_pages"):           # paged: free + staged pages
             pages = [int(x) for x in a.get_all_free_pages().tolist()]
         else:                                          # page size 1: free + release
@@ -172,6 +171,14 @@ class Observer:
             rows_free=self.s.req_to_token_pool.available_size(), idle=idle, syncs=0,
             declared_syncs=0, page_size=self.page_size, row_width=self.row_width,
             rows_total=self.rows_total)
+
+
+def _full_allocator(s):
+    """The allocator of the slots request->token rows hold: SGLang's own, or with a
+    sliding-window model (Gemma4) the full-attention half of its hybrid allocator,
+    whose slots map to the window pool's (``full_to_swa_index_mapping``)."""
+    a = s.token_to_kv_pool_allocator
+    return getattr(a, "full_attn_allocator", a)
 
 
 def _row_still_held(s, row: int) -> bool:

@@ -135,8 +135,9 @@ class SglangSession(Session):
                 self._patches.enter_context(DynamicGradMode())
                 self._patches.enter_context(cpu_kernels())
                 if self.cfg.real_worker:
-                    from .real_worker import running
-                    self.launches = self._patches.enter_context(running(self.s))
+                    from .real_worker import running, upstream_fixes
+                    fixes = upstream_fixes(self.cfg.worker, self.cfg.overlap)
+                    self.launches = self._patches.enter_context(running(self.s, fixes=fixes))
                 if self.watched:
                     self._enter_watch(self._patches)
                 self._patches.enter_context(applied(self.cfg.faults))

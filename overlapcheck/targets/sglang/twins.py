@@ -169,6 +169,53 @@ def assign_draft_cache_locs(grid, a) -> object:
     return None
 
 
+def assign_extend_cache_locs(grid, a) -> object:
+    """Request ``i``'s table cells ``[start_i, end_i)`` packed after the requests
+    before it: ``out[sum_{j<i}(end_j - start_j) + k] = table[row_i, start_i + k]``."""
+    reads = _tensors(a, ("req_pool_indices", "req_to_token", "start_offset", "end_offset"))
+    with device_kernel("assign_extend_cache_locs", reads, (a["out_cache_loc"],)):
+        rows, table = _np(a["req_pool_indices"]), _flat(a["req_to_token"])
+        starts, ends = _np(a["start_offset"]), _np(a["end_offset"])
+        out, pool_len = _flat(a["out_cache_loc"]), int(a["pool_len"])
+        at = 0
+        for i in range(_grid(grid, a)[0]):
+            s, e = int(starts[i]), int(ends[i])
+            base = int(rows[i]) * pool_len
+            out[at:at + e - s] = table[base + s:base + e]
+            at += e - s
+    return None
+
+
+def assign_extend_cache_locs_uniform(grid, a) -> object:
+    """Each request's ``draft_token_num`` cells from ``start_offset[i]``:
+    ``out[i * n + k] = table[row_i, start_i + k]``; with ``positions_out``, ``start_i +
+    k`` there; with ``anchor_out``, ``anchor_out[i * stride] = anchor_src[i]``
+    (physical translation through ``full_v2p``/``swa_v2p`` is not covered:
+    interpreted)."""
+    if a.get("full_v2p") is not None:
+        return INTERPRET
+    reads = _tensors(a, ("req_pool_indices", "req_to_token", "start_offset", "anchor_src"))
+    writes = _tensors(a, ("out_cache_loc", "positions_out", "anchor_out"))
+    with device_kernel("assign_extend_cache_locs_uniform", reads, writes):
+        rows, table = _np(a["req_pool_indices"]), _flat(a["req_to_token"])
+        starts, out = _np(a["start_offset"]), _flat(a["out_cache_loc"])
+        pool_len, n = int(a["pool_len"]), int(a["draft_token_num"])
+        pos = a.get("positions_out")
+        pos = _flat(pos) if isinstance(pos, torch.Tensor) else None
+        anchor = a.get("anchor_out")
+        if isinstance(anchor, torch.Tensor):
+            src, dst, stride = _flat(a["anchor_src"]), _flat(anchor), int(a["anchor_stride"])
+        for i in range(_grid(grid, a)[0]):
+            s = int(starts[i])
+            base = int(rows[i]) * pool_len + s
+            out[i * n:(i + 1) * n] = table[base:base + n]
+            if pos is not None:
+                pos[i * n:(i + 1) * n] = np.arange(s, s + n)
+            if isinstance(anchor, torch.Tensor):
+                dst[i * stride] = src[i]
+    return None
+
+
 def draft_decode_kv_indices(grid, a) -> object:
     """Per draft step ``it`` (grid axis 0), request ``b`` and branch ``t``: the
     request's ``seq_len`` committed slots then ``it + 1`` draft slots, packed in
@@ -381,14 +428,32 @@ def write_req_to_token_pool(grid, a) -> object:
     return None
 
 
+def get_last_loc(grid, a) -> object:
+    """Each request's last prefix slot: ``result[i] = table[row_i, prefix_i - 1]``, or
+    -1 without a prefix (paged allocation continues from it)."""
+    reads = (a["req_to_token"], a["req_pool_indices_tensor"], a["prefix_lens_tensor"])
+    with device_kernel("get_last_loc_kernel", reads, (a["result"],)):
+        table, stride = _flat(a["req_to_token"]), int(a["req_to_token_stride"])
+        rows, pre = _np(a["req_pool_indices_tensor"]), _np(a["prefix_lens_tensor"])
+        out = _flat(a["result"])
+        for i in range(int(a["num_tokens"])):
+            p = int(pre[i])
+            out[i] = table[int(rows[i]) * stride + p - 1] if p > 0 else -1
+    return None
+
+
 KERNELS: Dict[str, Callable] = {
     "sglang.kernels.ops.attention.position:compute_position_kernel": compute_position,
     "sglang.kernels.ops.memory.common:write_req_to_token_pool_triton": write_req_to_token_pool,
+    "sglang.kernels.ops.memory.common:get_last_loc_kernel": get_last_loc,
     "sglang.kernels.ops.attention.kv_indices:create_flashinfer_kv_indices_triton":
         create_flashinfer_kv_indices,
     "sglang.kernels.ops.speculative.gather_spec_extras:_gather_rows_kernel": gather_rows,
     "sglang.kernels.ops.speculative.cache_locs:assign_draft_cache_locs_contiguous":
         assign_draft_cache_locs,
+    "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs": assign_extend_cache_locs,
+    "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_uniform":
+        assign_extend_cache_locs_uniform,
     "sglang.kernels.ops.speculative.cache_locs:generate_draft_decode_kv_indices":
         draft_decode_kv_indices,
     "sglang.kernels.ops.speculative.eagle:fill_bonus_tokens": fill_bonus_tokens,
@@ -441,21 +506,35 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          skip_prefix=False, skip_extend=False, page_size: int = 1,
                          score_mod=None, aux_tensors=None, extend_seq_lens_cpu=None,
                          identity_kv_indices: bool = False):
-    """Request ``b``'s new tokens ``qo_indptr[b]..`` attend to its prefix (the KV
-    slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``, all visible unless the custom
-    mask covers the prefix too) and to the new tokens themselves: under
-    ``custom_mask`` (row-major ``[new, prefix + new]`` from ``mask_indptr[b]``; SGLang's
-    tree masks are causal), else causally, else all."""
-    if logit_cap and logit_cap > 0 or sliding_window_size > 0 or sinks is not None \
+    """Request ``b``'s ``m`` new tokens (``qo_indptr[b]..``) attend to its ``n`` prefix
+    KV slots (``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``) and to the new tokens, with
+    the kernel's masks (``_fwd_kernel``), new token ``i`` and key ``j``:
+
+    * prefix: all, under the custom mask's prefix columns unless
+      ``skip_prefix_custom_mask``; with a sliding window ``W > 0``, ``n + i <= j + W``
+      (the slots are the window's: positions are relative to its first slot);
+    * new tokens: under ``custom_mask`` (row ``i`` of a row-major ``[m, off + n + m]``
+      block from ``mask_indptr[b]``, ``off = window_kv_offsets[b]`` with a window, the
+      columns from ``off`` on read), else ``j <= i`` when causal, else all; with a
+      window ``i <= j + W`` (and ``j <= i + W`` when not causal).
+
+    Prefix scores are scaled by ``sm_scale * k_scale`` and prefix values by
+    ``v_scale``, new-token ones by ``sm_scale`` alone, as the kernel does; a row
+    with no key left is zero. A causal launch with a custom mask that opens a later
+    token is refused: the kernel's tiles would cut it at a block edge."""
+    if logit_cap and logit_cap > 0 or sinks is not None \
             or xai_temperature_len > 0 or score_mod is not None or lse_extend is not None \
             or skip_prefix or skip_extend:
-        _unsupported("logit caps, sliding windows, sinks, XAI temperature, score mods, "
+        _unsupported("logit caps, sinks, XAI temperature, score mods, "
                      "LSE outputs or split prefix/extend passes")
+    window = int(sliding_window_size)
     reads = [q_extend, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
              kv_indices, custom_mask, mask_indptr]
+    if window > 0 and custom_mask is not None:
+        reads.append(window_kv_offsets)
     with device_kernel("extend_attention_fwd", reads, (o_extend,)):
         heads, kvh = q_extend.shape[1], k_extend.shape[1]
-        scale = float(sm_scale or 1.0 / (q_extend.shape[-1] ** 0.5)) * float(k_scale)
+        sm = float(sm_scale or 1.0 / (q_extend.shape[-1] ** 0.5))
         kb = k_buffer.reshape(-1, kvh, k_buffer.shape[-1])
         vb = v_buffer.reshape(-1, kvh, v_buffer.shape[-1])
         hmap = torch.arange(heads) // (heads // kvh)
@@ -463,6 +542,7 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         idx = torch.from_numpy(_np(kv_indices).astype(np.int64))
         cm = _np(custom_mask) if custom_mask is not None else None
         mp = _np(mask_indptr) if custom_mask is not None else None
+        offs = _np(window_kv_offsets) if window > 0 and cm is not None else None
         for b in range(qo_indptr.shape[0] - 1):
             a, e = int(qo[b]), int(qo[b + 1])
             m = e - a
@@ -471,22 +551,37 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
             p0, p1 = int(kp[b]), int(kp[b + 1])
             locs = torch.arange(p0, p1) if identity_kv_indices else idx[p0:p1]
             n = p1 - p0
-            k = torch.cat([kb[locs], k_extend[a:e]])[:, hmap].float()     # [n+m, H, D]
-            v = torch.cat([vb[locs], v_extend[a:e]])[:, hmap].float()
+            i = torch.arange(m)[:, None]
+            jp, je = torch.arange(n)[None, :], torch.arange(m)[None, :]
+            allow_p = torch.ones(m, n, dtype=torch.bool)
             if cm is not None:
+                off = int(offs[b]) if offs is not None else 0
                 o0 = int(mp[b])
-                full = torch.from_numpy(cm[o0:o0 + m * (n + m)].reshape(m, n + m) != 0)
-                allow = full.clone()
-                if skip_prefix_custom_mask:
-                    allow[:, :n] = True
+                rows = torch.from_numpy(cm[o0:o0 + m * (off + n + m)].reshape(m, off + n + m)
+                                        != 0)[:, off:]
+                allow_e = rows[:, n:].clone()
+                if not skip_prefix_custom_mask:
+                    allow_p &= rows[:, :n]
+                if is_causal and bool((allow_e & (je > i)).any()):
+                    _unsupported("a causal launch whose custom mask opens a later token")
+            elif is_causal:
+                allow_e = je <= i
             else:
-                allow = torch.ones(m, n + m, dtype=torch.bool)
-                if is_causal:
-                    allow[:, n:] = torch.ones(m, m, dtype=torch.bool).tril()
-            s = torch.einsum("qhd,khd->qhk", q_extend[a:e].float(), k) * scale
-            s = s.masked_fill(~allow[:, None, :], float("-inf"))
-            p = torch.softmax(s, dim=-1)
-            o_extend[a:e] = (torch.einsum("qhk,khd->qhd", p, v) * float(v_scale)).to(o_extend.dtype)
+                allow_e = torch.ones(m, m, dtype=torch.bool)
+            if window > 0:
+                allow_p &= n + i <= jp + window
+                allow_e &= i <= je + window
+                if not is_causal:
+                    allow_e &= je <= i + window
+            q = q_extend[a:e].float()
+            sp = torch.einsum("qhd,khd->qhk", q, kb[locs][:, hmap].float()) * (sm * float(k_scale))
+            se = torch.einsum("qhd,khd->qhk", q, k_extend[a:e][:, hmap].float()) * sm
+            s = torch.cat([sp.masked_fill(~allow_p[:, None, :], float("-inf")),
+                           se.masked_fill(~allow_e[:, None, :], float("-inf"))], dim=-1)
+            p = torch.softmax(s, dim=-1).nan_to_num(0.0)       # an empty row: zero
+            v = torch.cat([vb[locs][:, hmap].float() * float(v_scale),
+                           v_extend[a:e][:, hmap].float()])
+            o_extend[a:e] = torch.einsum("qhk,khd->qhd", p, v).to(o_extend.dtype)
 
 
 ATTENTION = {"decode_attention_fwd": decode_attention_fwd,
