@@ -15,7 +15,8 @@ kv-canary or lifecycle shows the sim really served stale data.
 
 ``--config`` holds a target's config fields fixed in every campaign, as ``fuzz
 --config`` does (``worker: eagle-v2``: SGLang's real spec worker); the faults are then
-those the config's worker runs (a fault's ``worker``), unless ``--fault`` names them.
+those whose patched code the config's worker runs (a fault's ``worker``), unless
+``--fault`` names them.
 
 ``--seconds`` is each campaign's time box, shrinking included (``--shrink``: seconds
 shrinking may run past it). Each worker process runs one small case before its first
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
             ap.error(str(e))
     worker = dict(config or ()).get("worker")
     names = args.fault or sorted(n for n, f in FAULTS.items()
-                                 if worker is None or getattr(f, "worker", None) == worker)
+                                 if worker is None or worker in getattr(f, "worker", (worker,)))
     from overlapcheck.fuzz.command import _known
     try:
         known = _known(args.known, args.target)

@@ -11,12 +11,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PAGE = os.path.join(ROOT, "docs", "findings", "sglang-abort-keeps-tokens-past-stop")
 
 
-@pytest.fixture(scope="module")
-def sglang():
-    pytest.importorskip("sglang")
-    from overlapcheck.targets.sglang import SglangTarget
-    SglangTarget().version()
-
 
 def _py(args, env=None):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,

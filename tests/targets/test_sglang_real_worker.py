@@ -66,11 +66,6 @@ def test_fuzz_config_is_refused_where_the_campaign_draws_every_field(tmp_path, c
 
 
 # -- the real worker ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sglang():
-    pytest.importorskip("sglang")
-    SglangTarget().version()
-
 
 def _run(cfg, wl=WL, faults=()):
     return execute(Case(cfg, wl, ScheduleSpec("stalls", 0, ()), (), tuple(faults), "sglang"))
@@ -126,7 +121,8 @@ REAL_FAULTS = [
 @pytest.mark.parametrize("fault,checker,quiet", REAL_FAULTS)
 def test_real_worker_faults_are_caught_by_their_checker(sglang, fault, checker, quiet):
     from overlapcheck.targets.sglang.faults import FAULTS
-    assert FAULTS[fault].checker == checker and FAULTS[fault].worker == "eagle-v2"
+    assert FAULTS[fault].checker == checker and "eagle-v2" in FAULTS[fault].worker
+    assert "fake" not in FAULTS[fault].worker
     out = _run(_cfg(), faults=(fault,))
     assert checker in {f.checker for f in out.findings}, out.findings
     races = [f for f in out.findings if f.checker == "stream-race"]
@@ -138,7 +134,7 @@ def test_real_worker_faults_are_caught_by_their_checker(sglang, fault, checker, 
 
 def test_every_real_worker_fault_is_tested():
     from overlapcheck.targets.sglang.faults import FAULTS
-    assert sorted(n for n, f in FAULTS.items() if f.worker == "eagle-v2") == \
+    assert sorted(n for n, f in FAULTS.items() if "fake" not in f.worker) == \
         sorted(f for f, _, _ in REAL_FAULTS)
 
 

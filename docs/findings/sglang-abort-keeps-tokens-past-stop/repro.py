@@ -11,46 +11,12 @@ request: the prefill's token, then (after ``Scheduler.abort_request`` set
 token 10. It prints what SGLang sends, with and without the abort, and exits 1 while
 the bug is there (0 once fixed).
 """
-import importlib.abc
-import importlib.machinery
-import importlib.util
+import os
 import sys
-import types
 from array import array
 
-
-def _stand_in_for_torchvision() -> None:
-    """SGLang's config package imports torchvision at module level (multimodal helpers);
-    a CPU install of SGLang may lack it. An empty stand-in lets the import finish; no
-    code this script runs uses it. A real torchvision, when installed, is left alone."""
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-    # transformers caches whether torchvision exists when first asked: ask while it is
-    # really absent, so the stand-in is never taken for a release
-    from transformers.utils import import_utils
-    import_utils.is_torchvision_available()
-
-    class Empty(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return type(name, (), {})
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] == "torchvision":
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            m = Empty(spec.name)
-            m.__path__ = []
-            return m
-
-        def exec_module(self, module):
-            pass
-
-    sys.meta_path.insert(0, Finder())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cpu_sglang import stand_in_for_torchvision  # noqa: E402  (beside the pages)
 
 
 def sent_tokens(abort: bool) -> tuple:
@@ -80,7 +46,7 @@ def sent_tokens(abort: bool) -> tuple:
 
 
 def main() -> int:
-    _stand_in_for_torchvision()
+    stand_in_for_torchvision()
     import sglang
     print(f"SGLang {sglang.__version__}")
     reason, clean = sent_tokens(abort=False)

@@ -39,7 +39,7 @@ def _hunk(diff: str):
 
 @pytest.fixture(scope="module", autouse=True)
 def engine():
-    repro._stand_in_for_torchvision()
+    repro.stand_in_for_torchvision()
     from sglang.srt.managers import schedule_batch
     orig = schedule_batch.Req.update_finish_state
     if os.environ.get("SGLANG_FINDING_APPLY_FIX") == "1":

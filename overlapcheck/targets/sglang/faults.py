@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from . import source_patch
+from .config import REAL_WORKERS, WORKERS
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,16 @@ class Fault:
     description: str
     #: the seed pull request (docs/design.md §7) whose class the fault re-creates
     seed: Optional[str] = None
-    #: the spec worker the fault is fuzzed with: "any" (scheduler code both run), or
-    #: a config ``worker`` (the code path only that worker takes)
-    worker: str = "any"
+    #: the config ``worker``s whose runs take the patched code: every worker for the
+    #: scheduler code they all run; SGLang's real spec workers for their overlap path
+    worker: Tuple[str, ...] = WORKERS
     #: names the edited source needs beyond its module's: (name, "module:attribute")
     helpers: Tuple[Tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "pr": self.pr, "checker": self.checker,
                 "description": self.description, "trigger": self.trigger,
-                "sites": [self.target], "seed": self.seed, "worker": self.worker}
+                "sites": [self.target], "seed": self.seed, "worker": list(self.worker)}
 
 
 FAULTS: Dict[str, Fault] = {}
@@ -140,14 +141,15 @@ _register(Fault(
 
 
 # -- SGLang's real spec-v2 worker: the seeds' classes and the history of its overlap path --
-_REAL = "overlap loop, SGLang's real spec worker (worker: eagle-v2: its CUDA path runs under watch)"
+_REAL = ("overlap loop, one of SGLang's real spec workers (worker: eagle-v2 or "
+         "frozen-kv-mtp-v2: its CUDA path runs under watch)")
 
 _register(Fault(
     name="verify-result-no-wait",
     seed="001: sgl-project/sglang#23452 (remove wait_for_verify sync)",
     pr="sgl-project/sglang#23452 (open; the guard it removes is copy_done, #29075)",
     checker="stream-race",
-    worker="eagle-v2",
+    worker=REAL_WORKERS,
     target="sglang.srt.managers.scheduler_components.batch_result_processor:"
            "SchedulerBatchResultProcessor.process_batch_result_decode",
     edits=(("        if result.copy_done is not None:\n"
@@ -168,7 +170,7 @@ _register(Fault(
     seed="002: sgl-project/sglang#9588 (overlap scheduling for speculative decoding)",
     pr="sgl-project/sglang#9588 (the FutureMap relay; a later ordering fix in it: #35748)",
     checker="stream-race",
-    worker="eagle-v2",
+    worker=REAL_WORKERS,
     target="sglang.srt.managers.scheduler:Scheduler.run_batch",
     edits=(("                        if batch_result.delay_sample_func is None:\n"
             "                            self._relay_forward_payload(\n"
@@ -195,7 +197,7 @@ _register(Fault(
     seed="004: frozen-KV MTP spec-v2 worker, a 24-token KV leak per finished request",
     pr="(seed 004 is a draft; same class fixed in sgl-project/sglang#12224, #19518)",
     checker="kv-accounting",
-    worker="eagle-v2",
+    worker=REAL_WORKERS,
     target="sglang.srt.mem_cache.common:release_kv_cache",
     edits=(("        req, owned_kv_len, req.kv.kv_allocated_len, tree_cache\n",
             "        req, owned_kv_len,\n"
@@ -221,7 +223,7 @@ _register(Fault(
     name="war-barrier-off",
     pr="sgl-project/sglang#26380 (WAR barrier for overlap schedule buffer writes; #18746)",
     checker="stream-race",
-    worker="eagle-v2",
+    worker=REAL_WORKERS,
     target="sglang.srt.managers.scheduler:Scheduler._apply_war_barrier",
     edits=(("        if not self._war_barrier_enabled:\n            return\n",
             "        return\n"),),
@@ -238,7 +240,7 @@ _register(Fault(
     name="d2h-copy-unordered",
     pr="sgl-project/sglang#29075 (overlap the result D2H copy with the next forward)",
     checker="stream-race",
-    worker="eagle-v2",
+    worker=REAL_WORKERS,
     target="sglang.srt.managers.scheduler:Scheduler._copy_result_to_cpu",
     edits=(("        self.copy_stream.wait_stream(self.forward_stream)\n", ""),),
     trigger=_REAL + ", any batch (its result is copied to the host)",

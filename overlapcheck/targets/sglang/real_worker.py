@@ -91,10 +91,25 @@ def _cuda_support_triton(backend: str) -> bool:
     return backend not in ["torch_native", "intel_amx"]
 
 
+def check_interpreted() -> None:
+    """SGLang's Triton kernels must have been defined as interpreted functions (the
+    twins take over their launches): ``TRITON_INTERPRET=1`` before SGLang's import,
+    which ``env.stubbed`` sets. A process that imported SGLang before that cannot run
+    the real workers: say so in one line."""
+    from sglang.kernels.ops.speculative import eagle
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(eagle.fill_bonus_tokens, InterpretedFunction):
+        raise RuntimeError("SGLang was imported before the sglang target set "
+                           "TRITON_INTERPRET=1; its Triton kernels are compiled ones, which "
+                           "need a GPU: let the target import SGLang (or set "
+                           "TRITON_INTERPRET=1 before importing it)")
+
+
 @contextlib.contextmanager
 def running(scheduler, launches=None, fixes=()) -> Iterator[twins.Launches]:
     """The twins and the Triton routes (and ``fixes``, from ``upstream_fixes``), in
     place while the block runs."""
+    check_interpreted()
     from sglang.kernels.ops.speculative import cache_locs, spec_tree
     from sglang.srt.utils import common
     from . import source_patch
