@@ -79,8 +79,8 @@ _SCAN: Dict[tuple, list] = {}
 
 def _holders(origs: frozenset, modules: int) -> list:
     """``(module, name, value)`` for every SGLang module name bound to one of
-    ``origs``; kept per (originals, number of loaded modules), so a run's repeated
-    installs do not rescan SGLang's modules (a scan costs about 0.1 s)."""
+    ``origs``; kept per (originals, number of SGLang modules loaded), so a run's
+    repeated installs do not rescan SGLang's modules (a scan costs about 0.1 s)."""
     key = (origs, modules)
     hit = _SCAN.get(key)
     if hit is None:
@@ -107,7 +107,8 @@ def installed(patches: Sequence[Tuple[object, str, object, object]]) -> Iterator
             saved.append((owner, attr, orig))
             setattr(owner, attr, new)
         origs = frozenset(orig for _, _, orig, _ in patches)
-        for m, name, orig in _holders(origs, len(sys.modules)):
+        loaded = sum(1 for n in list(sys.modules) if n.startswith("sglang."))
+        for m, name, orig in _holders(origs, loaded):
             if getattr(m, "__dict__", {}).get(name) is orig:
                 saved.append((m, name, orig))
                 setattr(m, name, by_id[id(orig)])
