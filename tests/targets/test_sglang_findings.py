@@ -69,3 +69,9 @@ def test_the_overflow_fix_test_fails_before_and_passes_after(sglang):
     after = _py(["-m", "pytest", "-q", "-p", "no:cacheprovider", test],
                 env=dict(INTERPRETED, SGLANG_FINDING_APPLY_FIX="1"))
     assert after.returncode == 0 and "3 passed" in after.stdout, after.stdout[-800:]
+
+
+def test_the_overflow_repro_reproduces(sglang):
+    from overlapcheck.repro import load, replay
+    r = load(os.path.join(OVERFLOW, "repro.yaml"))
+    assert replay(r).verdict == "reproduced"
