@@ -11,6 +11,9 @@ from typing import Tuple
 
 SCHEDULERS = ("async", "sync")
 RUNNERS = ("fake", "real")
+#: what a config mapping with ``runner: real`` leaves out defaults to (the Triton
+#: attention backend's block granularity, the tiny Llama's vocabulary)
+REAL_DEFAULTS = {"block_size": 16, "vocab": 32}
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,9 @@ class VllmTargetConfig:
         if unknown:
             raise ValueError(f"vllm config: unknown field {unknown[0]!r}")
         d = dict(d)
+        if d.get("runner") == "real":
+            # the real runner's own defaults where the mapping leaves a field out
+            d = {**REAL_DEFAULTS, **d}
         if "faults" in d and isinstance(d["faults"], list):
             d["faults"] = tuple(d["faults"])
         return cls(**d)
