@@ -65,10 +65,11 @@ def vllm():
     VllmTarget().version()
 
 
-def _run(faults=(), **kw):
+def _run(faults=(), checks=(), **kw):
     from overlapcheck.run import Case, ScheduleSpec, execute
     cfg = VllmTargetConfig(**dict(REAL, **kw))
-    return execute(Case(cfg, WL, ScheduleSpec("stalls", 0, ()), (), tuple(faults), "vllm"))
+    return execute(Case(cfg, WL, ScheduleSpec("stalls", 0, ()), tuple(checks), tuple(faults),
+                        "vllm"))
 
 
 def test_the_real_runner_runs_vllms_cuda_path_watched_and_clean(vllm):
@@ -89,7 +90,7 @@ def test_the_real_runner_runs_vllms_cuda_path_watched_and_clean(vllm):
 @pytest.mark.parametrize("fault", ["async-output-drops-refs", "output-read-before-event",
                                    "uva-staging-reused"])
 def test_each_runner_fault_is_reported_by_stream_race(vllm, fault):
-    out = _run((fault,))
+    out = _run((fault,), ("stream-race", "lifecycle"))
     checkers = {f.checker for f in out.findings}
     assert "stream-race" in checkers, [str(f) for f in out.findings]
 
@@ -99,5 +100,27 @@ def test_runner_faults_are_silent_without_their_trigger(vllm):
     # stages its writes or allocates, so neither early reuse nor the single staging
     # buffer can race; the read before the event still does (it needs no overlap)
     for fault in ("async-output-drops-refs", "uva-staging-reused"):
-        out = _run((fault,), batch_queue=1)
+        out = _run((fault,), ("stream-race", "lifecycle"), batch_queue=1)
         assert out.findings == [], (fault, [str(f) for f in out.findings])
+
+
+def test_greedy_tokens_are_the_tiny_llamas_own_continuation(vllm):
+    """The real runner's forward (its Triton attention through the twins, its paged
+    KV, its sampler and rejection sampler) against transformers' Llama on the same
+    checkpoint, one request at a time with no engine: every greedy token agrees."""
+    import torch
+
+    from overlapcheck.device.sched import Eager
+    from overlapcheck.targets.sglang.golden import _hf_llama
+    s = VllmTarget().open(VllmTargetConfig(**REAL), Eager(), None)
+    res = s.run(WL)
+    model = _hf_llama(REAL["vocab"], REAL["max_model_len"])
+    for spec in WL.requests:
+        if spec.sampling != GREEDY:
+            continue
+        toks = list(spec.prompt)
+        with torch.no_grad():
+            for _ in res.requests[spec.rid].tokens:
+                logits = model(torch.tensor([toks])).logits
+                toks.append(int(logits[0, -1].argmax()))
+        assert tuple(toks[len(spec.prompt):]) == res.requests[spec.rid].tokens
