@@ -94,7 +94,8 @@ def vllm_config(cfg, V):
         model_config=copy.copy(_model_config(cfg.vocab, cfg.max_model_len)),
         scheduler_config=sched_cfg,
         cache_config=V.CacheConfig(block_size=cfg.block_size, enable_prefix_caching=False),
-        device_config=DeviceConfig("cpu"), load_config=LoadConfig(load_format="safetensors"),
+        device_config=DeviceConfig("cpu"),
+        load_config=LoadConfig(load_format="safetensors", use_tqdm_on_load=False),
         compilation_config=CompilationConfig(custom_ops=["none"]), speculative_config=spec_cfg)
     # the CPU platform turns async scheduling off; the target runs a GPU deployment's
     vc.scheduler_config.async_scheduling = cfg.is_async
