@@ -72,11 +72,29 @@ def _run(faults=(), checks=(), **kw):
                         "vllm"))
 
 
-def test_the_real_runner_runs_vllms_cuda_path_watched_and_clean(vllm):
+def test_the_real_runner_runs_vllms_cuda_path_watched_and_clean(vllm, monkeypatch):
+    """Clean: no race, no Triton launch left undeclared, and no host synchronization
+    but the runner's own: ``copy_event.synchronize()`` in ``get_output``, and the
+    blocking copies of ``BlockTables``' construction (as on a GPU). A host sync only
+    the CPU path had would order the host after the streams and hide races."""
+    import traceback
+
     from overlapcheck.device.sched import Eager
+    from overlapcheck.watch.tracker import Tracker
+    sites = set()
+    for name in ("sync_stream", "sync_event", "sync_device"):
+        orig = getattr(Tracker, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):
+            frames = [f for f in traceback.extract_stack() if "/vllm/" in f.filename]
+            sites.add((_name, frames[-1].filename.split("/vllm/")[-1] if frames else "?"))
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(Tracker, name, counted)
     t = VllmTarget()
     s = t.open(VllmTargetConfig(**REAL), Eager(), None)
     res = s.run(WL)
+    assert sites == {("sync_event", "v1/worker/gpu/async_utils.py"),
+                     ("sync_stream", "v1/worker/gpu/block_table.py")}, sites
     assert all(r.finish_reason in ("length", "stop") for r in res.requests.values())
     assert max(a for r in res.requests.values() for a in r.accept_lens) > 1   # drafts accepted
     assert s.race_reports == []

@@ -161,7 +161,7 @@ class VllmSession(Session):
                 self.watch = stack.enter_context(watch(
                     device="cpu", mode="collect", user_roots=(root,),
                     on_report=self._races.append))
-            else:
+            else:   # the shim gives the runner's torch.cuda calls their CPU meaning
                 stack.enter_context(watch(device="cpu", mode="collect"))
             stack.enter_context(runner_faults.applied(self.cfg.faults))
             runner, vc, kv, self.syncs, self.launches = stack.enter_context(
