@@ -147,8 +147,12 @@ def main(argv=None) -> int:
         except UsageError as e:
             ap.error(str(e))
     worker = dict(config or ()).get("worker")
-    names = args.fault or sorted(n for n, f in FAULTS.items()
-                                 if worker is None or worker in getattr(f, "worker", (worker,)))
+    # vLLM's runner faults run on its real runner (config runner: real), the others not
+    real_runner = dict(config or ()).get("runner") == "real"
+    names = args.fault or sorted(
+        n for n, f in FAULTS.items()
+        if (worker is None or worker in getattr(f, "worker", (worker,)))
+        and (getattr(f, "layer", None) is None or (f.layer == "runner") == real_runner))
     from overlapcheck.fuzz.command import _known
     try:
         known = _known(args.known, args.target)

@@ -18,8 +18,9 @@ from .kv_lifetime import facts, is_request_reuse
 
 class StreamRace(Checker):
     name = "stream-race"
-    # the reference engine's runtime detector, and SGLang's real workers under watch
-    targets = ("reference", "sglang")
+    # the reference engine's runtime detector, and SGLang's real workers and vLLM's
+    # real model runner under watch
+    targets = ("reference", "sglang", "vllm")
 
     def on_RaceFound(self, ev: E.RaceFound) -> List[Violation]:
         rep = ev.report

@@ -1,7 +1,8 @@
 """The user's frames: where an access, an allocation or a stream came from.
 
-A frame belongs to the user unless its file lies in torch, in overlapcheck's watch or
-race packages, or in Python's own library (runpy, contextlib, ...). Reports show the
+A frame belongs to the user unless its file lies in torch, in NumPy (a watched NumPy
+view's reads are the caller's), in overlapcheck's watch or race packages, or in
+Python's own library (runpy, contextlib, ...). Reports show the
 innermost user frame as ``file:line`` and a short stack of user frames under it.
 """
 from __future__ import annotations
@@ -21,9 +22,10 @@ _ENTRY = tuple(os.path.join(_PKG, n) for n in ("cli.py", "__main__.py"))
 def _roots() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """(packages that are never the user's, Python's library directories)."""
     ours = [_HERE + os.sep, _RACE + os.sep, *_ENTRY]
-    torch_mod = sys.modules.get("torch")
-    if torch_mod is not None and getattr(torch_mod, "__file__", None):
-        ours.append(os.path.dirname(os.path.abspath(torch_mod.__file__)) + os.sep)
+    for name in ("torch", "numpy"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            ours.append(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
     stdlib = {os.path.abspath(p) + os.sep for k, p in sysconfig.get_paths().items()
               if k in ("stdlib", "platstdlib") and p}
     return tuple(ours), tuple(stdlib)

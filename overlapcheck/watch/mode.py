@@ -223,8 +223,10 @@ class WatchMode(TorchDispatchMode):
     def kernel(self, name: str, reads, writes) -> None:
         """A device kernel the dispatcher does not see (``kernel.device_kernel``): one
         operation on the current stream reading ``reads`` and writing ``writes``. A
-        host tensor among them is read (or written) by the host at the launch, as a
-        kernel argument staged from pageable memory is."""
+        pinned host tensor among them is accessed by the stream, as a kernel reaches
+        host memory through a mapped (UVA) pointer; a pageable one is read (or
+        written) by the host at the launch, as a kernel argument staged from pageable
+        memory is."""
         __tracebackhide__ = True
         b, tr = self.b, self.tr
         tr.ops += 1
@@ -236,6 +238,11 @@ class WatchMode(TorchDispatchMode):
                 key = b.device_key(t)
                 if key is not None:
                     tr.access(ctx, clock, tr.device_unit(key, t), t, write, op, frame)
+                    continue
+                if b.is_pinned(t):
+                    u = tr.host_unit(host_key(t), t, True)
+                    u.streams.add(sid)
+                    tr.access(ctx, clock, u, t, write, op, frame)
                     continue
                 u = tr.host_unit_if_tracked(host_key(t))
                 if u is not None:

@@ -108,7 +108,7 @@ def test_async_equals_sync_tokens(seed):
 
 
 def test_parity_compares_tokens_only():
-    assert TARGET.checker_context(SMALL) == {"parity_accept": False}
+    assert TARGET.checker_context(SMALL)["parity_accept"] is False
 
 
 CLEAN = {
@@ -136,7 +136,8 @@ FAULT_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
+# the runner faults run on the real runner (tests/targets/test_vllm_real_runner.py)
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if f.layer == "scheduler"))
 def test_fault_caught_by_its_checker(name):
     fault, cfg = FAULTS[name], FAULT_CASES[name]
     caught = []

@@ -159,13 +159,14 @@ def _copy_into_pinned():
 
 @pytest.mark.parametrize("read", [
     lambda p: np.asarray(p),
-    lambda p: p.numpy(),
+    lambda p: p.numpy().tolist(),
+    lambda p: p.numpy()[1],
     lambda p: p[1].item(),
     lambda p: int(p[2]),
     lambda p: bool(p[0] == 3),
     lambda p: p.sum(),
     lambda p: p[1:3].tolist(),
-], ids=["np.asarray", "numpy", "item", "int", "compare", "sum", "slice-tolist"])
+], ids=["np.asarray", "numpy-tolist", "numpy-index", "item", "int", "compare", "sum", "slice-tolist"])
 def test_host_reads_of_pinned_memory(read):
     with watch(device="cpu", mode="log") as w:
         pinned, done = _copy_into_pinned()
@@ -175,6 +176,43 @@ def test_host_reads_of_pinned_memory(read):
         pinned, done = _copy_into_pinned()
         done.synchronize()
         read(pinned)
+    assert w.reports == []
+
+
+def test_a_numpy_view_of_pinned_memory_reads_when_it_is_read():
+    """A view made before the copy lands is not a read; reading it after the copy's
+    event is clean, reading it before is a race (vLLM's async_copy_to_np pattern)."""
+    for sync in (True, False):
+        with watch(device="cpu", mode="log") as w:
+            pinned, done = _copy_into_pinned()
+            view = pinned.numpy()
+            head = view[:2]
+            if sync:
+                done.synchronize()
+            assert head.tolist() == [0, 1]
+        assert [r.kind for r in w.reports] == ([] if sync else ["host-read-before-copy"])
+
+
+def test_writes_through_a_numpy_view_of_a_staging_buffer_are_seen():
+    def program(sync: bool):
+        s, done = torch.cuda.Stream(), torch.cuda.Event()
+        staging = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        view = staging.numpy()
+        with torch.cuda.stream(s):
+            dev = torch.empty(4, dtype=torch.int64, device="cuda")
+            dev.copy_(staging, non_blocking=True)
+        done.record(s)
+        if sync:
+            done.synchronize()
+        view[1:3] = [5, 6]
+        np.cumsum(np.arange(4), out=view)
+
+    with watch(device="cpu", mode="log") as w:
+        program(False)
+    assert [r.kind for r in w.reports] == ["host-write-during-copy"] * 2
+    assert [r.rows for r in w.reports] == ["rows 1..2", "all of it"]
+    with watch(device="cpu", mode="log") as w:
+        program(True)
     assert w.reports == []
 
 

@@ -5,7 +5,9 @@ Each entry names the fix it reverts (PR and issue), the checker expected to catc
 what the fix changed, and the trigger without which the revert is silent. A session
 whose config lists a fault binds the reverted methods to its own scheduler instance
 (nothing else in the process sees them) and drops them when the session ends.
-``FAULTS`` is a constant.
+Faults of ``layer`` "runner" are in vLLM's V2 model runner (``runner: real``): their
+edits are applied to the runner's source for the duration of a run
+(``runner_faults``). ``FAULTS`` is a constant.
 """
 from __future__ import annotations
 
@@ -25,11 +27,16 @@ class TargetFault:
     description: str   # what the pre-fix code does, and what the fix changed
     trigger: str       # what a run needs for the revert to matter
     reverts: Tuple[Revert, ...]
+    layer: str = "scheduler"   # "scheduler", or "runner": vLLM's model runner (runner: real)
+    #: runner faults: "module:Qualified.name" of the edited function, and its edits
+    target: str = ""
+    edits: Tuple[Tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
+        sites = [f"{r.cls}.{r.method}" for r in self.reverts] or [self.target]
         return {"name": self.name, "pr": self.pr, "checker": self.checker,
                 "description": self.description, "trigger": self.trigger,
-                "sites": [f"{r.cls}.{r.method}" for r in self.reverts]}
+                "sites": sites, "layer": self.layer}
 
 
 PREEMPT_KEEPS_INFLIGHT = TargetFault(
@@ -125,9 +132,68 @@ SCHEDULE_PAST_MAX_TOKENS = TargetFault(
             pass  # pre-#27922: no max_tokens check for requests with output in flight
         """),)),))
 
+_ASYNC = "vllm.v1.worker.gpu.async_utils"
+_REAL = "runner: real, async scheduler with a batch queue of 2"
+
+ASYNC_OUTPUT_DROPS_REFS = TargetFault(
+    "async-output-drops-refs",
+    "vLLM #29623 ([Model Runner V2][BugFix] Keep reference to GPU tensors in "
+    "AsyncOutput); same class: vllm-ascend #13394 (record_stream missing on a sampler "
+    "tensor)",
+    "stream-race",
+    "AsyncOutput copies the sampled token ids and the per-request sample counts to the "
+    "host on the output copy stream but keeps no reference to the device tensors, which "
+    "the main stream allocated: once sample_tokens returns they are freed, and the "
+    "caching allocator hands their blocks to the next step's tensors on the main stream "
+    "while the copy stream may still read them. #29623 keeps the sampler output and "
+    "num_sampled in the AsyncOutput until it is consumed (the alternative is "
+    "record_stream on the copy stream, which vllm-ascend #13394 added for a sampler "
+    "tensor).",
+    _REAL + ", a step scheduled before the previous one's output is taken",
+    (), layer="runner", target=_ASYNC + ":AsyncOutput.__init__",
+    edits=(("        self.sampler_output = sampler_output\n"
+            "        self.num_sampled_tokens = num_sampled_tokens\n", ""),))
+
+OUTPUT_READ_BEFORE_EVENT = TargetFault(
+    "output-read-before-event",
+    "vLLM #36942 (AsyncPoolingOutput.get_output reads its pinned output before "
+    "copy_event.synchronize(); the same file's AsyncOutput, #31584 moved the copy to its "
+    "stream)",
+    "stream-race",
+    "AsyncOutput.get_output turns the pinned host copies of the sampled token ids and "
+    "sample counts into lists before synchronizing the copy's event, as "
+    "AsyncPoolingOutput.get_output did (#36942): the host may read a buffer the "
+    "non-blocking device-to-host copy has not filled yet, and the scheduler applies "
+    "garbage tokens.",
+    _REAL + ", any step whose output is taken",
+    (), layer="runner", target=_ASYNC + ":AsyncOutput.get_output",
+    edits=(("        self.copy_event.synchronize()\n\n", ""),
+           ("        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n",
+            "        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n"
+            "        self.copy_event.synchronize()\n")))
+
+UVA_STAGING_REUSED = TargetFault(
+    "uva-staging-reused",
+    "vLLM #32799 ([ModelRunner V2] Don't pin reused flashinfer tensors: step N's async "
+    "copy from a reused pinned buffer races step N+1's update); the round robin that "
+    "guards V2's staging buffers: #32083",
+    "stream-race",
+    "The V2 runner stages its persistent-buffer writes (request state, block tables) in "
+    "pinned host buffers that its kernels read through UVA, with no synchronization: "
+    "safety rests on a round robin of as many buffers as steps in flight "
+    "(UvaBufferPool, max_concurrency). With one buffer, step N+1's host writes into the "
+    "buffer step N's _apply_write_kernel may still be reading (the race #32799 removed "
+    "for FlashInfer's reused pinned buffers by not pinning them).",
+    _REAL + ", a step whose staged writes are prepared before the previous step's "
+    "output is taken",
+    (), layer="runner", target="vllm.v1.worker.gpu.buffer_utils:UvaBufferPool.__init__",
+    edits=(("        self.max_concurrency = max_concurrency\n",
+            "        self.max_concurrency = max_concurrency = 1\n"),))
+
 FAULTS: Dict[str, TargetFault] = {f.name: f for f in (
     PREEMPT_KEEPS_INFLIGHT, FREE_IGNORES_FENCE, PREEMPT_FENCED_VICTIM,
-    SCHEDULE_PAST_MAX_TOKENS)}
+    SCHEDULE_PAST_MAX_TOKENS, ASYNC_OUTPUT_DROPS_REFS, OUTPUT_READ_BEFORE_EVENT,
+    UVA_STAGING_REUSED)}
 
 
 def reverts_for(names) -> Tuple[Revert, ...]:
@@ -135,6 +201,8 @@ def reverts_for(names) -> Tuple[Revert, ...]:
     method are applied as one revert with both edits)."""
     merged: Dict[tuple, list] = {}
     for name in names:
+        if FAULTS[name].layer != "scheduler":
+            continue
         for rv in FAULTS[name].reverts:
             merged.setdefault((rv.module, rv.cls, rv.method), []).extend(rv.edits)
     return tuple(Revert(m, c, f, tuple(e)) for (m, c, f), e in merged.items())
