@@ -48,8 +48,9 @@ class Lifecycle(Checker):
         self.stopped: Dict[int, int] = {}      # rid -> step its stop token was kept, awaiting Finished
         self.overrun: Set[int] = set()         # kept a stop token, did not finish that step
         self.noted: Set[int] = set()           # already reported for tokens after their end
-        # rid -> (the verify, its run, the stop's index): reported when the request ends
-        self.uncut: Dict[int, Tuple[object, tuple, int]] = {}
+        # rid -> (the verify's iteration and batch, its run, the stop's index): reported
+        # when the request ends (plain values: a run's one-loop handler keeps the same state)
+        self.uncut: Dict[int, Tuple[int, int, tuple, int]] = {}
         # per request with a spec, until it ends or keeps a stop token: (its kept tokens,
         # max_new_tokens, its stop ids or None) -- the one lookup a verify's common case makes
         self.open: Dict[int, Tuple[List[int], int, Optional[frozenset]]] = {}
@@ -91,7 +92,7 @@ class Lifecycle(Checker):
         v: List[Violation] = []
         stops = [i for i, t in enumerate(tokens) if t in spec.stop_ids]
         if stops and stops[0] < len(tokens) - 1:
-            self.uncut.setdefault(rid, (ev, tuple(tokens), stops[0]))
+            self.uncut.setdefault(rid, (ev.iteration, ev.batch, tuple(tokens), stops[0]))
         if stops:
             self.stopped[rid] = ev.iteration
             self.open.pop(rid, None)
@@ -134,12 +135,12 @@ class Lifecycle(Checker):
         return v
 
     def _uncut(self, rid: int, ending: str) -> List[Violation]:
-        ev, tokens, i = self.uncut.pop(rid)
-        return [Violation(self.name, ev.iteration,
+        iteration, batch, tokens, i = self.uncut.pop(rid)
+        return [Violation(self.name, iteration,
                           f"request {rid}: accept run not cut at its stop token",
                           f"the run ends at stop token {tokens[i]} (index {i})",
                           f"tokens {list(tokens)} kept ({ending})", ("stop-not-cut", ending),
-                          {"rid": rid, "batch": ev.batch})]
+                          {"rid": rid, "batch": batch})]
 
     def _end(self, ev, how: str, reason: str) -> List[Violation]:
         rid = ev.rid

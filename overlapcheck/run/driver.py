@@ -238,6 +238,8 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
             session.close()
     except Diverged as e:
         status, diverged = DIVERGED, str(e)
+    except targets.TargetUnavailable:
+        raise      # the process cannot run this engine (a missing or compiled build): no finding
     except Halt:
         status = HALTED    # a fatal checker (liveness) reported: a finding already
     except (EngineStuck, StuckWait) as e:

@@ -49,6 +49,21 @@ class Launches:
         self.interpreted: Counter = Counter()
 
 
+def require_interpreted(kernel, engine: str, target: str) -> None:
+    """An engine's Triton kernels must have been defined as interpreted functions:
+    ``TRITON_INTERPRET=1`` before the engine (or Triton) was imported, which the target
+    sets. A process that imported the engine before that has compiled kernels, whose
+    helpers refuse to run in the interpreter; say so in one line instead."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from .base import TargetUnavailable
+    if not isinstance(kernel, InterpretedFunction):
+        raise TargetUnavailable(f"{engine} was imported before the {target} target set "
+                           f"TRITON_INTERPRET=1; its Triton kernels are compiled ones, which "
+                           f"need a GPU: let the target import {engine} (or set "
+                           f"TRITON_INTERPRET=1 before importing it)")
+
+
 def key(fn) -> str:
     return f"{fn.__module__}:{fn.__name__}"
 

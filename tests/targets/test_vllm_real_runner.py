@@ -142,3 +142,31 @@ def test_greedy_tokens_are_the_tiny_llamas_own_continuation(vllm):
                 logits = model(torch.tensor([toks])).logits
                 toks.append(int(logits[0, -1].argmax()))
         assert tuple(toks[len(spec.prompt):]) == res.requests[spec.rid].tokens
+
+
+def test_a_process_that_imported_vllm_compiled_gets_one_line(vllm, tmp_path):
+    """vLLM imported before the target set ``TRITON_INTERPRET=1`` has compiled kernels,
+    whose helpers the interpreter refuses mid-run: the real runner says so in one line
+    (exit 2 from the command line) instead of an interpreter error at the first sample."""
+    import os
+    import subprocess
+    import sys
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        "import os, sys\n"
+        "os.environ['VLLM_TARGET_DEVICE'] = 'cpu'\n"
+        "import vllm.v1.worker.gpu.sample.gumbel\n"
+        "from overlapcheck.cli import main\n"
+        "sys.exit(main(['run', '--target', 'vllm', '--requests', '2', '--seed', '1',\n"
+        "               '--config', sys.argv[1]]))\n")
+    cfg = tmp_path / "real.yaml"
+    cfg.write_text("runner: real\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    p = subprocess.run([sys.executable, str(prog), str(cfg)], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=str(tmp_path))
+    assert p.returncode == 2, p.stdout + p.stderr
+    # (vLLM's own import, done by the program, may log a line of its own first)
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("overlapcheck")]
+    assert len(ours) == 1 and "TRITON_INTERPRET=1" in ours[0], p.stderr
+    assert "Traceback" not in p.stderr

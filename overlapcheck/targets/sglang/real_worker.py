@@ -92,17 +92,12 @@ def _cuda_support_triton(backend: str) -> bool:
 
 
 def check_interpreted() -> None:
-    """SGLang's Triton kernels must have been defined as interpreted functions (the
-    twins take over their launches): ``TRITON_INTERPRET=1`` before SGLang's import,
-    which ``env.stubbed`` sets. A process that imported SGLang before that cannot run
-    the real workers: say so in one line."""
+    """SGLang's Triton kernels must be interpreted ones (the twins take over their
+    launches); ``env.stubbed`` sets ``TRITON_INTERPRET=1`` before SGLang's import."""
     from sglang.kernels.ops.speculative import eagle
-    from triton.runtime.interpreter import InterpretedFunction
-    if not isinstance(eagle.fill_bonus_tokens, InterpretedFunction):
-        raise RuntimeError("SGLang was imported before the sglang target set "
-                           "TRITON_INTERPRET=1; its Triton kernels are compiled ones, which "
-                           "need a GPU: let the target import SGLang (or set "
-                           "TRITON_INTERPRET=1 before importing it)")
+
+    from ..triton_launch import require_interpreted
+    require_interpreted(eagle.fill_bonus_tokens, "SGLang", "sglang")
 
 
 @contextlib.contextmanager

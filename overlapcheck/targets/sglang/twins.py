@@ -32,16 +32,20 @@ memory with NumPy inside that kernel and allocates nothing there.
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections import Counter
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator
 
 import numpy as np
 import torch
 
 from overlapcheck.watch.kernel import device_kernel
 
-INTERPRET = object()   # a kernel twin's answer for a variant it does not cover
+from ..triton_launch import INTERPRET, Launches, routed
+from ..triton_launch import as_np as _np
+from ..triton_launch import flat as _flat
+from ..triton_launch import grid3 as _grid
+from ..triton_launch import tensors as _tensors
+
+__all__ = ["INTERPRET", "Launches", "KERNELS", "ATTENTION", "KernelOutOfBounds", "installed"]
 
 
 class KernelOutOfBounds(IndexError):
@@ -63,34 +67,6 @@ def _launch_site() -> str:
             return f"{name[len(root) + 1:]}:{f.f_lineno}"
         f = f.f_back
     return "?"
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    """The tensor's memory as a NumPy view (torch's own accessor, never a patched one)."""
-    return torch._C.TensorBase.numpy(t)
-
-
-def _flat(t: torch.Tensor) -> np.ndarray:
-    """A kernel's view of a tensor argument: its storage from the tensor's first
-    element on (Triton pointers address the storage, strides are the kernel's
-    business)."""
-    a = _np(t)
-    if t.is_contiguous():
-        return a.reshape(-1)
-    base = torch._C.TensorBase.numpy(t.as_strided((t.untyped_storage().nbytes()
-                                                     // t.element_size() - t.storage_offset(),),
-                                                    (1,)))
-    return base
-
-
-def _grid(grid, args: dict) -> Tuple[int, int, int]:
-    g = grid(args) if callable(grid) else grid
-    g = tuple(int(x) for x in g) + (1, 1, 1)
-    return g[0], g[1], g[2]
-
-
-def _tensors(args: dict, names) -> List[torch.Tensor]:
-    return [args[n] for n in names if isinstance(args.get(n), torch.Tensor)]
 
 
 # -- kernel twins --------------------------------------------------------------------------
@@ -589,56 +565,21 @@ ATTENTION = {"decode_attention_fwd": decode_attention_fwd,
 
 
 # -- installing ------------------------------------------------------------------------------
-class Launches:
-    """Per kernel name, launches run by a twin and launches run interpreted."""
-
-    def __init__(self) -> None:
-        self.twin: Counter = Counter()
-        self.interpreted: Counter = Counter()
-
-
-def _key(fn) -> str:
-    return f"{fn.__module__}:{fn.__name__}"
-
-
 @contextlib.contextmanager
 def installed(backends=(), launches: "Launches | None" = None) -> Iterator[Launches]:
-    """Route Triton launches to their twins (others run interpreted) and bind the
-    attention twins on ``backends`` (objects carrying ``decode_attention_fwd`` /
-    ``extend_attention_fwd``), for the duration of the block."""
-    from triton.runtime.interpreter import InterpretedFunction
-    launches = launches if launches is not None else Launches()
-    sigs: Dict[object, inspect.Signature] = {}
-    orig_run = InterpretedFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):
-        twin = KERNELS.get(_key(self.fn))
-        if twin is not None and not warmup:
-            sig = sigs.get(self.fn)
-            if sig is None:
-                sig = sigs[self.fn] = inspect.signature(self.fn)
-            bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                               if k in sig.parameters})
-            bound.apply_defaults()
-            if twin(grid, bound.arguments) is not INTERPRET:
-                launches.twin[self.fn.__name__] += 1
-                return None
-        launches.interpreted[self.fn.__name__] += 1
-        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-        # a kernel without a twin is seen as reading and writing all its tensors
-        with device_kernel(self.fn.__name__, tensors, tensors):
-            return orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
+    """Route Triton launches to their twins (others run interpreted, as device kernels
+    reading and writing every tensor argument) and bind the attention twins on
+    ``backends`` (objects carrying ``decode_attention_fwd`` / ``extend_attention_fwd``),
+    for the duration of the block."""
     saved = []
     for be in backends:
         for name, fn in ATTENTION.items():
             if name in getattr(be, "__dict__", {}):
                 saved.append((be, name, be.__dict__[name]))
                 setattr(be, name, fn)
-    InterpretedFunction.run = run
     try:
-        yield launches
+        with routed(KERNELS, {}, launches) as counts:
+            yield counts
     finally:
-        InterpretedFunction.run = orig_run
         for be, name, fn in reversed(saved):
             setattr(be, name, fn)

@@ -187,8 +187,11 @@ def built(cfg, V, launches=None) -> Iterator[object]:
     ``(runner, vllm_config, kv_cache_config, syncs, launches)``."""
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.sample import gumbel
 
+    from ..triton_launch import require_interpreted
     from . import twins
+    require_interpreted(gumbel._gumbel_sample_kernel, "vLLM", "vllm")
     _distributed()
     vc = vllm_config(cfg, V)
     syncs = Syncs()
