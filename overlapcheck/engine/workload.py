@@ -13,6 +13,7 @@ YAML form::
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Tuple
 
@@ -79,19 +80,33 @@ def share_prefixes(seed: int, reqs, max_prompt: int, rate: float = 0.5):
 
 _REQ_FIELDS = {"id", "arrival", "prompt", "max_new_tokens", "stop", "seed", "sampling"}
 _ABORT_FIELDS = {"id", "step"}
+# The largest values a workload may hold. Steps: an engine steps through every idle step
+# up to an arrival (a few thousand a second, checked), so a later one would only idle;
+# ids, seeds and tokens: what the device's int64 buffers (and ids' int32 uses) hold.
+MAX_STEP = 1_000_000
+MAX_ID = 2 ** 31 - 1
+MAX_VALUE = 2 ** 63 - 1
+MAX_BYTES = 256 << 20    # a workload file (100k requests take about 10 MiB)
 
 
-def _int(v, where: str, minimum: int = 0) -> int:
+def _int(v, where: str, minimum: int = 0, maximum: int = MAX_VALUE) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
-        raise WorkloadError(f"{where}: expected an integer, got {v!r}")
+        raise WorkloadError(f"{where}: expected an integer, got {_short(v)}")
     if v < minimum:
         raise WorkloadError(f"{where}: must be >= {minimum}, got {v}")
+    if v > maximum:
+        raise WorkloadError(f"{where}: must be <= {maximum}, got {_short(v)}")
     return v
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _ints(v, where: str) -> Tuple[int, ...]:
     if not isinstance(v, list):
-        raise WorkloadError(f"{where}: expected a list of integers, got {v!r}")
+        raise WorkloadError(f"{where}: expected a list of integers, got {_short(v)}")
     return tuple(_int(x, f"{where}[{i}]") for i, x in enumerate(v))
 
 
@@ -117,7 +132,7 @@ def parse(doc, cfg: EngineConfig) -> Workload:
         for key in ("id", "prompt", "max_new_tokens"):
             if key not in item:
                 raise WorkloadError(f"{w}: missing field {key!r}")
-        rid = _int(item["id"], f"{w}.id")
+        rid = _int(item["id"], f"{w}.id", maximum=MAX_ID)
         if rid in ids:
             raise WorkloadError(f"{w}.id: duplicate request id {rid}")
         ids.add(rid)
@@ -133,35 +148,63 @@ def parse(doc, cfg: EngineConfig) -> Workload:
         sampling = item.get("sampling", GREEDY)
         if sampling not in SAMPLING:
             raise WorkloadError(f"{w}.sampling: must be one of {', '.join(SAMPLING)}, got {sampling!r}")
-        reqs.append(RequestSpec(rid, _int(item.get("arrival", 0), f"{w}.arrival"), prompt,
+        arrival = _int(item.get("arrival", 0), f"{w}.arrival", maximum=MAX_STEP)
+        reqs.append(RequestSpec(rid, arrival, prompt,
                                 _int(item["max_new_tokens"], f"{w}.max_new_tokens", 1),
                                 _ints(item.get("stop", []), f"{w}.stop"),
                                 _int(item.get("seed", 0), f"{w}.seed"), sampling))
     aborts = []
+    if not isinstance(doc.get("aborts") or [], list):
+        raise WorkloadError("workload: 'aborts' must be a list")
     for i, item in enumerate(doc.get("aborts") or []):
         w = f"aborts[{i}]"
         item = _fields(item, _ABORT_FIELDS, w)
         if "id" not in item or "step" not in item:
             raise WorkloadError(f"{w}: needs 'id' and 'step'")
-        rid = _int(item["id"], f"{w}.id")
+        rid = _int(item["id"], f"{w}.id", maximum=MAX_ID)
         if rid not in ids:
             raise WorkloadError(f"{w}.id: no request with id {rid}")
-        aborts.append(AbortAt(rid, _int(item["step"], f"{w}.step")))
+        aborts.append(AbortAt(rid, _int(item["step"], f"{w}.step", maximum=MAX_STEP)))
     return Workload(tuple(reqs), tuple(aborts))
 
 
+def check_vocab(w: Workload, vocab, model: str) -> None:
+    """``WorkloadError`` when a prompt token of ``w`` lies outside the model's vocabulary
+    (``vocab`` tokens; None: not known, nothing checked): the model would index past its
+    embedding, a failure of the input, not of the engine. Stop ids outside it are
+    allowed (they never match)."""
+    if vocab is None:
+        return
+    for i, r in enumerate(w.requests):
+        bad = next((t for t in r.prompt if t >= vocab), None)
+        if bad is not None:
+            raise WorkloadError(f"requests[{i}].prompt: token {bad} is outside model {model}'s "
+                                f"vocabulary (0..{vocab - 1})")
+
+
 def load(path: str, cfg: EngineConfig) -> Workload:
-    """Load and validate a YAML workload file."""
+    """Load and validate a YAML workload file (UTF-8, at most ``MAX_BYTES``; parsed by
+    libyaml's safe loader where PyYAML has it: a 100k-request file in seconds)."""
     import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+        size = os.path.getsize(path)
+        if size > MAX_BYTES:
+            raise WorkloadError(f"{path}: {size} bytes is larger than a workload file may be "
+                                f"({MAX_BYTES >> 20} MiB)")
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+        doc = yaml.load(text, Loader=loader)    # a safe loader: plain data only
     except OSError as e:
-        raise WorkloadError(f"cannot read {path}: {e.strerror}") from None
+        raise WorkloadError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text (a workload is a YAML file)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise WorkloadError(f"{path}: not valid YAML{at}") from None
+    except (ValueError, TypeError, RecursionError) as e:   # odd scalars, deep nesting
+        raise WorkloadError(f"{path}: not valid YAML ({type(e).__name__})") from None
     try:
         return parse(doc, cfg)
     except WorkloadError as e:
