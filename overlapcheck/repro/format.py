@@ -20,9 +20,10 @@ import yaml
 from .. import __version__
 from ..device import DEVICES
 from ..run.case import SCHEMA, Case, CaseError
-from ..run.finding import Finding
+from ..run.finding import ENGINE_EXCEPTION, Finding
 
 SCHEMAS = (1, SCHEMA)    # the schemas this overlapcheck reads
+FINDING_KINDS = (ENGINE_EXCEPTION,)   # findings no registered checker makes
 MAX_BYTES = 16 << 20
 _TOP = {"schema", "overlapcheck", "commit", "device", "case", "choices", "finding", "digest",
         "steps", "requests", "note", "engine_version"}
@@ -131,6 +132,8 @@ def parse(doc) -> Repro:
           and isinstance(f.get("text", ""), str)
           and isinstance(f.get("data", {}) or {}, dict),
           "finding: expected checker (text), site (list), step (integer), text")
+    _need(f["checker"] in FINDING_KINDS or f["checker"] in _checkers(),
+          f"finding.checker: unknown checker {f['checker']!r} (a replay could never show it)")
     finding = Finding(f["checker"], tuple(map(str, f["site"])), int(f.get("step", 0)),
                       f.get("text", ""), dict(f.get("data") or {}))
     device = doc.get("device", "sim")
@@ -141,6 +144,11 @@ def parse(doc) -> Repro:
     return Repro(case, choices, finding, doc.get("digest", ""), device,
                  doc.get("steps", 0), doc.get("commit", ""), doc.get("overlapcheck", ""),
                  doc.get("note", ""), doc.get("engine_version", ""))
+
+
+def _checkers():
+    from invariants.base import REGISTRY
+    return REGISTRY
 
 
 def loads(text: str) -> Repro:

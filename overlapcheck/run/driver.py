@@ -22,11 +22,12 @@ import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from invariants.base import Violation, make_checkers
 
 from .. import targets
+from ..targets.base import Session
 from ..device import Diverged, Replay, StuckWait
 from ..device.sched import Eager
 from ..engine import EngineStuck, RunResult
@@ -202,13 +203,18 @@ def _context(case: Case, names: Sequence[str], model, reference,
 def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, log=None,
             max_steps: Optional[int] = None, context: Optional[dict] = None,
             trace: bool = True, references: Optional[References] = None,
-            **options) -> Outcome:
+            tick: Optional[Callable[[int], None]] = None, **options) -> Outcome:
     """Run ``case``; with ``choices``, replay them exactly. ``reference``: parity's
     reference ``RunResult`` (default: ``reference_run``, or from ``references``, the
     caller's ``References``); ``log``: a ``RunLog``;
-    ``context``: more checker context (e.g. ``liveness_bound``); ``options`` go to
+    ``context``: more checker context (e.g. ``liveness_bound``); ``tick``: called with
+    the step at each step's end, after the checkers (a campaign's clock, a command's
+    progress line); what it raises that is not an ``Exception`` (a time box running out,
+    a stop) ends the run and passes through; ``options`` go to
     the target (reference engine: ``device``, ``model``, ``runtime``, ``access``,
-    ``engine`` — an engine factory a test plants a bug through)."""
+    ``engine`` — an engine factory a test plants a bug through). A replay that leaves
+    its choices while the engine is still being built is ``diverged`` like one that
+    leaves them later."""
     target = targets.get(case.target)
     names = checker_names(case)
     run_device = (options["runtime"].backend if options.get("runtime") is not None
@@ -227,15 +233,22 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
         monitor(ev)
         if isinstance(ev, E.StepEnd):
             marks.append((ev.iteration, session.clock))
+            if tick is not None:
+                tick(ev.iteration)
 
     observer.batched = monitor.batched      # it passes a VerifiedBatch on as it is
-    session = target.open(case.config, strategy, observer, case.faults, trace=trace, **options)
     result, status, diverged = None, COMPLETED, None
     try:
-        try:
-            result = session.run(case.workload, max_steps=max_steps)
-        finally:
-            session.close()
+        session = target.open(case.config, strategy, observer, case.faults, trace=trace,
+                              **options)
+    except Diverged as e:   # building the engine already asked for more than was recorded
+        session, status, diverged = _Unopened(), DIVERGED, str(e)
+    try:
+        if diverged is None:
+            try:
+                result = session.run(case.workload, max_steps=max_steps)
+            finally:
+                session.close()
     except Diverged as e:
         status, diverged = DIVERGED, str(e)
     except Halt:
@@ -259,8 +272,13 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
                    session.runtime)
 
 
-_RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace", "device",
-                "model", "runtime", "access", "detect", "engine", "graphs"}
+class _Unopened(Session):
+    """The session of a replay that left its recorded choices while its engine was
+    being built: nothing ran."""
+
+
+_RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace",
+                "tick", "device", "model", "runtime", "access", "detect", "engine", "graphs"}
 
 
 def run_checked(cfg, workload, checks: Sequence[str] = (), seed: int = 0,
