@@ -325,9 +325,8 @@ def _check_config_fits(cfg, kv_width: int = 3) -> None:
 
 class _Progress:
     """A long run's progress on stderr: for a workload of ``BIG`` requests or more, a
-    line before it starts (parity's reference run goes first, silently); then every 5 s
-    of the checked run, its step against the last arrival's. A short run prints
-    nothing."""
+    line before it starts; then every 5 s, the step of parity's reference run or of the
+    checked run against the last arrival's. A short run prints nothing."""
 
     BIG = 1000
 
@@ -336,16 +335,20 @@ class _Progress:
         self.every, self._clock = every, time.monotonic
         self.last = max((r.arrival for r in wl.requests), default=0)
         self.next = self._clock() + every
+        self.step, self.run = -1, 1
         if len(wl.requests) >= self.BIG:
-            print(f"run: {len(wl.requests)} requests, the last arriving at step {self.last}; "
-                  f"parity's reference run first, then the checked run", file=sys.stderr,
-                  flush=True)
+            print(f"run: {len(wl.requests)} requests, the last arriving at step {self.last}",
+                  file=sys.stderr, flush=True)
 
     def __call__(self, step: int) -> None:
+        if step < self.step:        # parity's reference run has ended: the checked run
+            self.run += 1
+        self.step = step
         now = self._clock()
         if now >= self.next:
             self.next = now + self.every
-            print(f"run: step {step} (arrivals until step {self.last})", file=sys.stderr,
+            print(f"run: step {step} of run {self.run} (parity's reference run, then the "
+                  f"checked run; arrivals until step {self.last})", file=sys.stderr,
                   flush=True)
 
 
