@@ -8,6 +8,7 @@ written is created, and a probe file in it is made and removed at once.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from .errors import UsageError
@@ -42,6 +43,12 @@ def output_file(path: str, flag: str) -> str:
         raise UsageError(f"{flag}: empty path")
     if os.path.isdir(path) or path.endswith(os.sep):
         raise UsageError(f"{flag} {path}: a folder, not a file")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):    # writing would wait for a reader
+        raise UsageError(f"{flag} {path}: a pipe or socket, not a file")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UsageError(f"{flag} {path}: cannot write there (permission denied)")
     output_folder(os.path.dirname(os.path.abspath(path)), flag)

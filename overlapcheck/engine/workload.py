@@ -227,6 +227,8 @@ def load(path: str, cfg: EngineConfig) -> Workload:
 
     from .. import plainyaml
     try:
+        if os.path.exists(path) and not os.path.isfile(path):   # a folder, a pipe: never read
+            raise WorkloadError(f"{path}: not a regular file")
         size = os.path.getsize(path)
         if size > MAX_BYTES:
             raise WorkloadError(f"{path}: {size} bytes is larger than a workload file may be "
@@ -236,6 +238,8 @@ def load(path: str, cfg: EngineConfig) -> Workload:
         doc = _json(text, json)
         if doc is _NOT_JSON:
             doc = plainyaml.load(text)           # safe: plain data only
+    except WorkloadError:
+        raise
     except OSError as e:
         raise WorkloadError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
     except UnicodeDecodeError:

@@ -211,6 +211,7 @@ def loads(text: str) -> Repro:
 
 def load(path: str) -> Repro:
     try:
+        _need(not os.path.exists(path) or os.path.isfile(path), f"{path}: not a regular file")
         size = os.path.getsize(path)
         _need(size <= MAX_BYTES, f"{path}: {size} bytes is larger than a repro may be")
         with open(path, "rb") as f:
