@@ -150,6 +150,9 @@ def run_jobs(opts: "Options", jobs: int) -> dict:
     from .campaign import Campaign
     t0 = time.monotonic()
     if jobs == 1:
+        if (opts.seconds is not None and opts.started is not None
+                and t0 >= opts.started + opts.seconds + (opts.shrink_seconds or 0.0)):
+            return _Workers(opts, 1).run(t0)    # start-up took the box: nothing to run
         campaign = Campaign(opts)
         tune_process(opts.device)
         s = campaign.run().summary()
