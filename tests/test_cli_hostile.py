@@ -53,13 +53,14 @@ def hostile(tmp_path_factory):
     repro("check-nosuch", lambda r: r["case"].update(checks=["nosuch"]))
     repro("checker-nosuch", lambda r: r["finding"].update(checker="nosuch"))
     repro("payload-in-case", lambda r: r["case"].update(workload=payload))
-    for name, req in (("arrival-1e12", {"arrival": 10 ** 12}), ("token-1e5", {"prompt": [3, 100000]}),
-                      ("id-huge", {"id": 10 ** 20})):
+    for name, req in (("arrival-1e12", {"arrival": 10 ** 12}), ("id-huge", {"id": 10 ** 20}),
+                      ("token-1e5", {"prompt": [3, 100000]})):
         paths[name] = str(d / f"{name}.yaml")
         with open(paths[name], "w") as fh:
             yaml.safe_dump({"requests": [dict({"id": 0, "prompt": [3, 1], "max_new_tokens": 4},
                                               **req)]}, fh)
-    paths["repro"] = REPRO
+    paths["repro"] = str(d / "repro.yaml")     # a copy: commands write beside their input
+    shutil.copy(REPRO, paths["repro"])
     paths["marker"] = str(marker)
     return paths
 
@@ -89,7 +90,8 @@ def _check(argv, capsys, hostile):
 
 # -- the issue's inputs, each one line naming the flag or field, exit 2 ---------------------
 ISSUE = [
-    (["fuzz", "--time", "nan"], "--time"), (["fuzz", "--shrink-time", "nan", "--examples", "1"], "--shrink-time"),
+    (["fuzz", "--time", "nan"], "--time"),
+    (["fuzz", "--shrink-time", "nan", "--examples", "1"], "--shrink-time"),
     (["fuzz", "--time", "inf"], "--time"),
     (["fuzz", "--examples", "1", "--out", "{binary}"], "--out"),
     (["fuzz", "--examples", "1", "--out", "{under-a-file}"], "--out"),
@@ -110,7 +112,8 @@ ISSUE = [
     (["replay", "{pool-1e12}"], "pool_tokens"),
     (["replay", "{check-nosuch}"], "checks"), (["replay", "{checker-nosuch}"], "finding.checker"),
     (["replay", "{payload-in-case}"], "workload"),
-    (["trace", "{repro}", "-o", "{dir}"], "--output"), (["minimize", "{repro}", "-o", "{dir}"], "--output"),
+    (["trace", "{repro}", "-o", "{dir}"], "--output"),
+    (["minimize", "{repro}", "-o", "{dir}"], "--output"),
     (["replay", "--emit-pytest", "{dir}", "{repro}"], "--emit-pytest"),
     (["watch", "--json", "{dir}", "--", "python", "{repro}"], "--json"),
     (["watch", "--", "false"], "not a Python script"),
