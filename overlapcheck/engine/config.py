@@ -191,9 +191,9 @@ class EngineConfig:
         rank together: the target and draft KV pools (int64 rows of ``kv_width``, the
         oracle's 3 unless a model says more) and the KV backup's host pool, a Python int
         per page of the free list, the request->token tables, the FutureMap's slots (the
-        ring's: ``future_map.ring_limit``) and the double-buffered pinned staging. A lower bound: commands refuse a config
-        whose footprint the machine cannot hold (``overlapcheck.resources``) before
-        anything is allocated."""
+        ring's: ``future_map.ring_limit``) and the double-buffered pinned staging. A
+        lower bound: commands refuse a config whose footprint the machine cannot hold
+        (``overlapcheck.resources``) before anything is allocated."""
         i64 = 8
         kv = self.pool_tokens * kv_width * i64 * (3 if self.kv_backup else 2)
         free_list = self.pages * 36

@@ -273,7 +273,9 @@ class Campaign:
     # -- budget and progress -------------------------------------------------------------
     def _spent(self) -> bool:
         o = self.opts
-        if self.stopped is not None or (o.examples is not None and self.stats.examples >= o.examples):
+        if self.stopped is not None:
+            return True
+        if o.examples is not None and self.stats.examples >= o.examples:
             return True
         return self.box_end is not None and time.monotonic() >= self.box_end
 
