@@ -1,9 +1,8 @@
 """Run a campaign in one process or in several (``--jobs N``).
 
 Each job is an independent campaign with its own sub-seed (``derive(seed, "job",
-j)``); repro file names are content-addressed by (checker, site), so two jobs that
-find the same bug write the same file. The parent merges the summaries and
-deduplicates findings across jobs.
+j)``), run by a worker process (``workers.py``) that reports to the parent as it goes.
+The parent merges the summaries and deduplicates findings across jobs.
 """
 from __future__ import annotations
 
@@ -38,19 +37,6 @@ def tune_process(device: str) -> None:
     gc.set_threshold(10000, 20, 20)
 
 
-def _job(opts: "Options", j: int, verbose: bool) -> dict:
-    from .campaign import Campaign, stderr_progress
-    if verbose:
-        opts = dataclasses.replace(opts, progress=lambda line: stderr_progress(f"[job {j}] {line}"))
-    campaign = Campaign(opts)
-    tune_process(opts.device)
-    return campaign.run().summary()
-
-
-def _job_entry(args):
-    return _job(*args)
-
-
 def _context():
     """Worker processes forked from a server that imported the campaign's modules once
     (with ``spawn`` each of N workers spends seconds importing them again; a fork of
@@ -61,7 +47,8 @@ def _context():
     ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
                                 "overlapcheck.targets.reference", "overlapcheck.engine.tp",
                                 "overlapcheck.engine.kernels_host", "fake_models",
-                                "fake_models.oracle_host", "invariants.base"])
+                                "fake_models.oracle_host", "invariants.base",
+                                "overlapcheck.fuzz.workers"])
     return ctx
 
 
@@ -77,19 +64,21 @@ def start_server() -> None:
 
 
 def run_jobs(opts: "Options", jobs: int) -> dict:
+    """Run the campaign ``opts`` as ``jobs`` processes (one: in this process; several:
+    ``workers.Workers``); the merged summary."""
     from .campaign import Campaign
+    from .workers import Workers
     t0 = time.monotonic()
     if jobs == 1:
+        if (opts.seconds is not None and opts.started is not None
+                and t0 >= opts.started + opts.seconds + (opts.shrink_seconds or 0.0)):
+            return Workers(opts, 1).run(t0)     # start-up took the box: nothing to run
         campaign = Campaign(opts)
         tune_process(opts.device)
         s = campaign.run().summary()
         s["jobs"] = 1
         return s
-    verbose = opts.progress is not None
-    per = [(o, j, verbose) for j, o in enumerate(job_options(opts, jobs))]
-    with _context().Pool(jobs) as pool:
-        parts = pool.map(_job_entry, per)
-    return merge(opts, parts, time.monotonic() - t0, jobs)
+    return Workers(opts, jobs).run(t0)
 
 
 def job_options(opts: "Options", jobs: int) -> list:
@@ -97,7 +86,7 @@ def job_options(opts: "Options", jobs: int) -> list:
     sub-seeds, the example budget split, a local database folder each (a shared one
     stays shared)."""
     from .db import DEFAULT_LOCAL
-    base = dataclasses.replace(opts, progress=None, on_finding=None)
+    base = dataclasses.replace(opts, progress=None, on_finding=None, stop=None, on_stats=None)
     local = opts.db or (DEFAULT_LOCAL if opts.shared_db else None)
     return [dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
                                 examples=None if opts.examples is None else -(-opts.examples // jobs),

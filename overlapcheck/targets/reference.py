@@ -33,8 +33,8 @@ class ReferenceSession(Session):
     def races(self) -> list:
         return self.runtime.reports
 
-    def run(self, workload, max_steps: Optional[int] = None):
-        return self.engine.run(workload, max_steps=max_steps)
+    def run(self, workload, max_steps: Optional[int] = None, tick=None):
+        return self.engine.run(workload, max_steps=max_steps, tick=tick)
 
 
 class ReferenceTarget(Target):

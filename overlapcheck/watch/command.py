@@ -4,8 +4,10 @@
         -- python script.py [args...]
 
 The script runs in this process with its own ``sys.argv``. Exit status: the
-program's own, unless a race was found (1, with the reports on stderr); 2 for bad
-input (no program, a missing script, an unknown device or mode), printed as one line.
+program's own (130 when it ends by ``KeyboardInterrupt``, as Python's would), unless a
+race was found (1, with the reports on stderr); 2 for bad input (no program, a missing
+script or one that is not Python, an unknown device or mode, a ``--json`` path that
+cannot be written), printed as one line.
 torch is imported only once the input is known to be good, so ``--help`` is instant.
 """
 from __future__ import annotations
@@ -47,6 +49,9 @@ def _check(args):
     if args.mode not in CLI_MODES:
         raise UsageError(f"unknown mode {args.mode!r} (choose from {', '.join(CLI_MODES)})")
     target = parse_command(args.program)
+    if args.json:
+        from ..outputs import output_file
+        output_file(args.json, "--json")
     if args.device in BACKENDS and BACKENDS[args.device].gpu:
         import torch
         if not torch.cuda.is_available():
@@ -75,6 +80,13 @@ def run(args) -> int:
     if out.error is not None:
         _print_program_error(out.error)
     w = out.watch
+    written = ""
+    if args.json:
+        if out.json_error is None:
+            written = f"; report written to {args.json}"
+        else:
+            print(f"overlapcheck watch: error: --json {args.json}: cannot write the report "
+                  f"({out.json_error})", file=sys.stderr)
     s = w.summary()
     if w.reports:
         verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
@@ -84,7 +96,7 @@ def run(args) -> int:
         verdict = "no race"
     streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"
     print(f"overlapcheck watch ({w.device}): {verdict} in {s['ops']} ops on {streams}"
-          + (f"; report written to {args.json}" if args.json else ""), file=sys.stderr)
+          + written, file=sys.stderr)
     return 1 if w.reports else out.status
 
 

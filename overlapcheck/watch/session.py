@@ -179,11 +179,10 @@ class Watch:
                 "summary": self.summary()}
 
     def write_json(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        """Write the JSON report atomically (a reader sees the old file or the whole new
+        one, and no temporary file is left behind)."""
+        from ..repro.format import write_atomic
+        write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
 
 def _add_note(exc: BaseException, text: str) -> None:
