@@ -190,11 +190,19 @@ class Explainer:
                    f"use it: call `.record_stream({prev_code})` on it before that line, or "
                    + fix)
 
+        notes = []
+        if getattr(prev.op, "after_wait", False):
+            notes.append(f"the host waited inside '{prev.op.name}' at {after} only until it "
+                         f"knew the size of the result: the kernels that access this memory "
+                         f"are queued on {prev_short} after that wait")
+
         def acc(a, desc, code) -> Dict[str, object]:
             stack = self.tr.frames.format(getattr(a.op, "stack", ())) or (a.op.frame,)
             return {"context": desc, "stream": None if a.ctx == HOST else code,
                     "op": a.op.name, "frame": a.op.frame, "stack": stack,
-                    "write": a.write, "copy": a.op.is_copy}
+                    "write": a.write, "copy": a.op.is_copy,
+                    "after_wait": getattr(a.op, "after_wait", False)}
 
         return WatchReport(rep, memory, unit.row_text(rep.rows),
-                           acc(cur, cur_desc, cur_code), acc(prev, prev_desc, prev_code), fix)
+                           acc(cur, cur_desc, cur_code), acc(prev, prev_desc, prev_code), fix,
+                           notes=notes)

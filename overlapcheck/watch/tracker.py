@@ -36,9 +36,11 @@ _MAX_ROWS = 8192    # a view touching more rows than this counts as touching all
 @dataclass(frozen=True)
 class WatchOp(OpInfo):
     """An ``OpInfo`` that also carries the user's stack (innermost first), as
-    ``Frames.stack`` takes it."""
+    ``Frames.stack`` takes it, and whether the access is among the kernels an op
+    queues after the host waited for it in the middle (``sized``)."""
 
     stack: Tuple[Tuple[str, int, str], ...] = ()
+    after_wait: bool = False
 
 
 @dataclass
