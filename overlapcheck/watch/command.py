@@ -75,11 +75,19 @@ def run(args) -> int:
     if out.error is not None:
         _print_program_error(out.error)
     w = out.watch
+    for r in w.reports:  # each was printed when first seen; say what came after
+        if r.count > 1:
+            print(f"overlapcheck watch: race [{r.ident}] {r.seen()}", file=sys.stderr)
     s = w.summary()
     if w.reports:
         verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
+        extra = []
         if s["occurrences"] != s["races"]:
-            verdict += f" ({s['occurrences']} occurrences)"
+            extra.append(f"{s['occurrences']} occurrences")
+        if s["tensors"] != s["races"]:
+            extra.append(f"on {s['tensors']} tensors")
+        if extra:
+            verdict += f" ({', '.join(extra)})"
     else:
         verdict = "no race"
     streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"

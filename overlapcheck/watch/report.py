@@ -17,6 +17,7 @@ from ..race import report as R
 
 _VERB = {True: "writes", False: "reads"}
 CHECKER = "watch"
+_SHOWN = 4  # kinds of tensors a report lists when one race was seen on several
 
 
 def _stream_handle(v) -> Optional[int]:
@@ -75,6 +76,37 @@ class WatchReport:
     missing_edge: str
     count: int = 1
     notes: List[str] = field(default_factory=list)
+    tensor: tuple = ()          # which tensor: its memory and owner, as the tracker knows them
+    # the distinct tensors this race was seen on: description -> how many
+    memories: Dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tensors = {self.tensor}
+        self.memories = self.memories or {self.memory: 1}
+
+    @property
+    def tensors(self) -> int:
+        """On how many distinct tensors the race was seen."""
+        return len(self._tensors)
+
+    def seen(self) -> str:
+        """How often, and on which tensors, the race was seen ("seen 3 times, on 2
+        tensors: ...")."""
+        text = f"seen {self.count} time{'s' if self.count != 1 else ''}"
+        if self.tensors == 1:
+            return text
+        kinds = list(self.memories.items())
+        shown = ", ".join(f"{n} x {m}" for m, n in kinds[:_SHOWN])
+        more = f", {len(kinds) - _SHOWN} more kinds" if len(kinds) > _SHOWN else ""
+        return f"{text}, on {self.tensors} tensors: {shown}{more}"
+
+    def merge(self, other: "WatchReport") -> None:
+        """``other`` is this race (the same kind and lines) seen again, maybe on another
+        tensor."""
+        self.count += 1
+        if other.tensor not in self._tensors:
+            self._tensors.add(other.tensor)
+            self.memories[other.memory] = self.memories.get(other.memory, 0) + 1
 
     @property
     def kind(self) -> str:
@@ -98,7 +130,9 @@ class WatchReport:
         return Finding(CHECKER, self.key, 0, "").ident
 
     def __str__(self) -> str:
-        lines = [f"race ({self.kind}) on {self.memory} ({self.rows}) [{self.ident}]:"]
+        on = (self.memory if self.tensors == 1
+              else f"{self.tensors} tensors, the first {self.memory}")
+        lines = [f"race ({self.kind}) on {on} ({self.rows}) [{self.ident}]:"]
         for tag, a in (("now: ", self.current), ("prev:", self.previous)):
             lines.append(f"  {tag} {a['context']} {_VERB[bool(a['write'])]} it in "
                          f"'{a['op']}' at {a['frame']}")
@@ -107,7 +141,7 @@ class WatchReport:
                 lines.append("        called from " + " <- ".join(stack))
         lines.append(f"  missing edge: {self.missing_edge}")
         if self.count > 1:
-            lines.append(f"  (seen {self.count} times)")
+            lines.append(f"  ({self.seen()})")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -115,7 +149,9 @@ class WatchReport:
         return {"id": self.ident, "kind": self.kind, "memory": self.memory, "rows": self.rows,
                 "current": dict(self.current, stack=list(self.current["stack"])),
                 "previous": dict(self.previous, stack=list(self.previous["stack"])),
-                "missing_edge": self.missing_edge, "count": self.count}
+                "missing_edge": self.missing_edge, "count": self.count,
+                "tensors": self.tensors,
+                "memories": [{"memory": m, "tensors": n} for m, n in self.memories.items()]}
 
 
 def _line(site: str) -> str:
@@ -205,4 +241,4 @@ class Explainer:
 
         return WatchReport(rep, memory, unit.row_text(rep.rows),
                            acc(cur, cur_desc, cur_code), acc(prev, prev_desc, prev_code), fix,
-                           notes=notes)
+                           notes=notes, tensor=(unit.mem, unit.serial))

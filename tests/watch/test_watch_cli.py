@@ -174,3 +174,22 @@ def test_stacks_end_at_the_program_not_at_the_launcher(tmp_path):
     assert race["current"]["stack"] == ["prog.py:5 in step", "prog.py:11 in <module>"]
     assert race["previous"]["stack"] == ["prog.py:9 in <module>"]
     assert "overlapcheck:" not in p.stderr, p.stderr
+
+
+def test_the_summary_counts_the_tensors_a_race_was_seen_on(tmp_path):
+    script = _script(tmp_path, """
+        import torch
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            bufs = [torch.zeros(4, device="cuda") for _ in range(10)]
+        for t in bufs:
+            with torch.cuda.stream(b):
+                t.add_(1)
+    """)
+    p = watch("--device", "cpu", "--", "python", script)
+    assert p.returncode == 1, p.stderr
+    *_, seen, last = p.stderr.strip().splitlines()
+    assert seen.startswith("overlapcheck watch: race [watch-")
+    assert seen.endswith("] seen 10 times, on 10 tensors: 10 x device tensor float32[4] "
+                         "allocated at prog.py:5")
+    assert last.startswith("overlapcheck watch (cpu): 1 race (10 occurrences, on 10 tensors) in")

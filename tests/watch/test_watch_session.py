@@ -237,3 +237,26 @@ def test_device_tensors_stay_on_the_device_until_copied():
         with pytest.raises(TypeError):
             x.numpy()
     assert w.reports == []
+
+
+def test_one_race_seen_on_many_tensors_says_so():
+    """The same two lines racing on ten tensors are one race, on ten tensors."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            bufs = [torch.zeros(4 if i < 9 else 6, device="cuda") for i in range(10)]
+        for t in bufs + bufs[:1]:  # the first tensor twice
+            with torch.cuda.stream(b):
+                t.add_(1)
+    (r,) = w.reports
+    assert r.count == 11 and r.tensors == 10
+    text = str(r)
+    line = r.previous["frame"]  # where the tensors were allocated
+    first = test_one_race_seen_on_many_tensors_says_so.__code__.co_firstlineno
+    assert line.endswith(f":{first + 5}")
+    assert text.splitlines()[0].startswith(
+        "race (stream-stream) on 10 tensors, the first device tensor float32[4] allocated at")
+    assert (f"(seen 11 times, on 10 tensors: 9 x device tensor float32[4] allocated at "
+            f"{line}, 1 x device tensor float32[6] allocated at {line})") in text, text
+    assert r.to_json()["tensors"] == 10
+    assert w.summary()["tensors"] == 10 and w.summary()["occurrences"] == 11
