@@ -93,6 +93,22 @@ def inputs(plan: Plan, args, kwargs) -> Iterator[Tuple[torch.Tensor, bool]]:
             yield v, write
 
 
+def one_per_view(ins):
+    """``(tensor, write)`` pairs with one entry per view: an op that reads a view it also
+    writes (``torch.mul(x, 5, out=x)``, ``x.add_(x)``) makes one access, a write."""
+    if len(ins) < 2:
+        return ins
+    merged: Dict[tuple, list] = {}
+    for t, write in ins:
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = [t, write]
+        else:
+            seen[1] = seen[1] or write
+    return [(t, write) for t, write in merged.values()]
+
+
 def all_tensors(args, kwargs) -> Iterator[torch.Tensor]:
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
@@ -147,7 +163,7 @@ class WatchMode(TorchDispatchMode):
         b = self.b
         self.tr.ops += 1
         args, kwargs, target, pin = b.prepare(plan, args, kwargs)
-        ins = list(inputs(plan, args, kwargs))
+        ins = one_per_view(list(inputs(plan, args, kwargs)))
         # An op runs on the device when it makes device memory or reads or writes
         # some; ``empty_like(x, device="cpu")`` of a device ``x`` is a host op.
         dev_op = target == "cuda" or any(b.device_key(t) is not None for t, _ in ins) or (

@@ -260,3 +260,16 @@ def test_one_race_seen_on_many_tensors_says_so():
             f"{line}, 1 x device tensor float32[6] allocated at {line})") in text, text
     assert r.to_json()["tensors"] == 10
     assert w.summary()["tensors"] == 10 and w.summary()["occurrences"] == 11
+
+
+def test_an_op_that_reads_and_writes_one_tensor_writes_it():
+    """``torch.mul(x, 5, out=x)`` reads and writes ``x``: one access, a write."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            x = torch.zeros(4, device="cuda")
+        with torch.cuda.stream(b):
+            torch.mul(x, 5, out=x)
+    (r,) = w.reports
+    assert r.current["op"] == "mul" and r.current["write"] and r.count == 1
+    assert "writes it in 'mul'" in str(r)
