@@ -53,15 +53,39 @@ def names_in_frame(frame) -> Dict[Tuple[str, int], str]:
         if h is not None:
             out.setdefault(("event", h), name)
 
+    for name, v in _visible(frame):
+        look(name, v)
+    return out
+
+
+def _visible(frame):
+    """``(name, value)`` of what ``frame`` can see: its locals, its module's globals and
+    the attributes of its ``self``."""
     local = frame.f_locals
     for scope in (local, frame.f_globals):
-        for k, v in list(scope.items()):
-            look(k, v)
+        yield from list(scope.items())
     obj = local.get("self")
     if obj is not None and hasattr(obj, "__dict__"):
         for k, v in list(vars(obj).items()):
-            look(f"self.{k}", v)
-    return out
+            yield f"self.{k}", v
+
+
+def holder(frame, view) -> Optional[Tuple[str, object]]:
+    """``(name, tensor)``: a variable of ``frame`` holding the whole of the storage that
+    ``view`` looks at — the tensor as the user's code knows it (a [5, 2] view of a flat
+    allocation, not the allocation) — or None."""
+    if frame is None or view is None:
+        return None
+    import torch  # a report exists only inside a watch, where torch is loaded
+    storage = view.untyped_storage()
+    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+    for name, v in _visible(frame):
+        if (isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_meta
+                and v.storage_offset() == 0 and v.is_contiguous()
+                and v.numel() * v.element_size() == nbytes
+                and v.untyped_storage().data_ptr() == ptr):
+            return name, v
+    return None
 
 
 @dataclass
@@ -77,6 +101,7 @@ class WatchReport:
     count: int = 1
     notes: List[str] = field(default_factory=list)
     tensor: tuple = ()          # which tensor: its memory and owner, as the tracker knows them
+    variable: Optional[str] = None  # the name the later access's frame holds it by
     # the distinct tensors this race was seen on: description -> how many
     memories: Dict[str, int] = field(default_factory=dict)
 
@@ -130,8 +155,9 @@ class WatchReport:
         return Finding(CHECKER, self.key, 0, "").ident
 
     def __str__(self) -> str:
-        on = (self.memory if self.tensors == 1
-              else f"{self.tensors} tensors, the first {self.memory}")
+        on = self.memory if self.variable is None else f"`{self.variable}`, {self.memory}"
+        if self.tensors > 1:
+            on = f"{self.tensors} tensors, the first {on}"
         lines = [f"race ({self.kind}) on {on} ({self.rows}) [{self.ident}]:"]
         for tag, a in (("now: ", self.current), ("prev:", self.previous)):
             lines.append(f"  {tag} {a['context']} {_VERB[bool(a['write'])]} it in "
@@ -146,7 +172,8 @@ class WatchReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"id": self.ident, "kind": self.kind, "memory": self.memory, "rows": self.rows,
+        return {"id": self.ident, "kind": self.kind, "memory": self.memory,
+                "variable": self.variable, "rows": self.rows,
                 "current": dict(self.current, stack=list(self.current["stack"])),
                 "previous": dict(self.previous, stack=list(self.previous["stack"])),
                 "missing_edge": self.missing_edge, "count": self.count,
@@ -194,7 +221,8 @@ class Explainer:
                 return var
         return None
 
-    def explain(self, rep: RaceReport, unit, frame) -> WatchReport:
+    def explain(self, rep: RaceReport, unit, frame, view=None) -> WatchReport:
+        """``frame``: the user's frame of the later access; ``view``: the tensor it used."""
         names = names_in_frame(frame)
         cur, prev = rep.current, rep.previous
         cur_desc, _, cur_code = self._stream(cur.ctx, names)
@@ -217,7 +245,14 @@ class Explainer:
                    f"`{cur_code}.wait_stream({prev_code})`")
         else:
             fix = f"add `{cur_code}.wait_stream({prev_code})` before {where}"
-        memory = unit.describe()
+        held = holder(frame, view)
+        variable = None
+        if held is not None:
+            variable, t = held
+            shape, nbytes = tuple(t.shape), t.numel() * t.element_size()
+            memory, rows = unit.describe(shape), unit.row_text(rep.rows, shape, nbytes)
+        else:
+            memory, rows = unit.describe(), unit.row_text(rep.rows)
         if rep.kind == R.REUSE:
             freed = unit.prev_free_site or "?"
             memory += (f"; the same block belonged to the {unit.prev_describe or 'tensor'} "
@@ -239,6 +274,6 @@ class Explainer:
                     "write": a.write, "copy": a.op.is_copy,
                     "after_wait": getattr(a.op, "after_wait", False)}
 
-        return WatchReport(rep, memory, unit.row_text(rep.rows),
+        return WatchReport(rep, memory, rows,
                            acc(cur, cur_desc, cur_code), acc(prev, prev_desc, prev_code), fix,
-                           notes=notes, tensor=(unit.mem, unit.serial))
+                           notes=notes, tensor=(unit.mem, unit.serial), variable=variable)

@@ -143,9 +143,9 @@ class Watch:
             self.tracker.paused = False
 
     # -- reports -------------------------------------------------------------------------
-    def _on_report(self, race, unit, frame) -> None:
+    def _on_report(self, race, unit, frame, view=None) -> None:
         __tracebackhide__ = True  # pytest shows the user's line, not ours
-        report = self._explainer.explain(race, unit, frame)
+        report = self._explainer.explain(race, unit, frame, view)
         seen = self._by_key.get(report.key)
         if seen is not None:
             seen.merge(report)

@@ -63,11 +63,14 @@ class Unit:
     dtype: str = ""
     pinned: bool = False
 
-    def describe(self) -> str:
+    def describe(self, shape: Optional[Tuple[int, ...]] = None) -> str:
+        """The owner as a report names it; ``shape``: as the user's code holds it, when
+        known (else the shape of the first view seen)."""
         what = "device tensor" if self.device else ("pinned host tensor" if self.pinned
                                                    else "host tensor")
-        if self.shape is not None:
-            what += f" {self.dtype}{list(self.shape)}"
+        shape = self.shape if shape is None else shape
+        if shape is not None:
+            what += f" {self.dtype}{list(shape)}"
         if not self.device:
             return f"{what} first copied at {self.alloc_site}"
         if self.alloc_site == BEFORE:
@@ -92,13 +95,16 @@ class Unit:
             return None
         return _row_range(first, last + 1)
 
-    def row_text(self, rows) -> str:
-        """Rows as the user's tensor sees them: dimension-0 indices when they line up."""
+    def row_text(self, rows, shape: Optional[Tuple[int, ...]] = None,
+                 nbytes: int = 0) -> str:
+        """Rows as the user's tensor sees them: dimension-0 indices when they line up.
+        ``shape`` and ``nbytes``: the tensor the user's code holds, when known."""
         if rows is None:
             return "all of it"
         lo, hi = min(rows) * self.gran, (max(rows) + 1) * self.gran
-        if self.shape and len(self.shape) > 0 and self.shape[0] > 0 and self.span:
-            row_bytes = self.span // self.shape[0] if self.span % self.shape[0] == 0 else 0
+        shape, span = (shape, nbytes) if shape is not None else (self.shape, self.span)
+        if shape and len(shape) > 0 and shape[0] > 0 and span:
+            row_bytes = span // shape[0] if span % shape[0] == 0 else 0
             if row_bytes and lo % row_bytes == 0 and hi % row_bytes == 0:
                 a, b = lo // row_bytes, hi // row_bytes - 1
                 return f"row {a}" if a == b else f"rows {a}..{b}"
@@ -123,7 +129,8 @@ def _gran(nbytes: int) -> int:
 
 class Tracker:
     """Feeds one ``Detector``. Handlers never raise on a race: reports go to
-    ``on_report(report, unit, user_frame)``, and the caller decides."""
+    ``on_report(report, unit, user_frame, view)`` (``view``: the tensor the access
+    used), and the caller decides."""
 
     def __init__(self, on_report: Callable, frames: Optional[Frames] = None):
         self.det = Detector()
@@ -319,7 +326,7 @@ class Tracker:
             return None
         rep = self.det.access(ctx, u.mem, write, rows, op, clock)
         if rep is not None:
-            self.on_report(rep, u, frame)
+            self.on_report(rep, u, frame, t)
         return rep
 
     def host_access(self, u: Unit, t, write: bool, op: WatchOp, frame) -> Optional[RaceReport]:

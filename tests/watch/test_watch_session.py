@@ -255,7 +255,7 @@ def test_one_race_seen_on_many_tensors_says_so():
     first = test_one_race_seen_on_many_tensors_says_so.__code__.co_firstlineno
     assert line.endswith(f":{first + 5}")
     assert text.splitlines()[0].startswith(
-        "race (stream-stream) on 10 tensors, the first device tensor float32[4] allocated at")
+        "race (stream-stream) on 10 tensors, the first `t`, device tensor float32[4] allocated")
     assert (f"(seen 11 times, on 10 tensors: 9 x device tensor float32[4] allocated at "
             f"{line}, 1 x device tensor float32[6] allocated at {line})") in text, text
     assert r.to_json()["tensors"] == 10
@@ -273,3 +273,18 @@ def test_an_op_that_reads_and_writes_one_tensor_writes_it():
     (r,) = w.reports
     assert r.current["op"] == "mul" and r.current["write"] and r.count == 1
     assert "writes it in 'mul'" in str(r)
+
+
+def test_a_tensor_is_described_as_the_code_holds_it():
+    """``x`` is a [5, 2] view of a flat allocation: the report describes ``x``, and the
+    rows are its rows, not the flat allocation's elements."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            x = torch.arange(10, device="cuda").view(5, 2)
+        with torch.cuda.stream(b):
+            x[0:2].add_(1)
+    (r,) = w.reports
+    assert r.memory.startswith("device tensor int64[5, 2] allocated at "), r.memory
+    assert r.rows == "rows 0..1" and r.variable == "x"
+    assert str(r).startswith("race (stream-stream) on `x`, device tensor int64[5, 2] allocated")
