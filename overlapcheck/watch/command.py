@@ -80,7 +80,7 @@ def run(args) -> int:
             print(f"overlapcheck watch: race [{r.ident}] {r.seen()}", file=sys.stderr)
     s = w.summary()
     if w.reports:
-        verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
+        verdict = _count(s["races"], "race")
         extra = []
         if s["occurrences"] != s["races"]:
             extra.append(f"{s['occurrences']} occurrences")
@@ -90,10 +90,14 @@ def run(args) -> int:
             verdict += f" ({', '.join(extra)})"
     else:
         verdict = "no race"
-    streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"
-    print(f"overlapcheck watch ({w.device}): {verdict} in {s['ops']} ops on {streams}"
+    print(f"overlapcheck watch ({w.device}): {verdict} in {_count(s['ops'], 'op')} on "
+          f"{_count(s['streams'], 'stream')}"
           + (f"; report written to {args.json}" if args.json else ""), file=sys.stderr)
     return 1 if w.reports else out.status
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _print_program_error(exc: BaseException) -> None:

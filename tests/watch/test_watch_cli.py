@@ -193,3 +193,14 @@ def test_the_summary_counts_the_tensors_a_race_was_seen_on(tmp_path):
     assert seen.endswith("] seen 10 times, on 10 tensors: 10 x device tensor float32[4] "
                          "allocated at prog.py:5")
     assert last.startswith("overlapcheck watch (cpu): 1 race (10 occurrences, on 10 tensors) in")
+
+
+def test_the_summary_line_counts_in_words(tmp_path):
+    script = _script(tmp_path, """
+        import torch
+        torch.zeros(2, device="cuda")
+    """)
+    p = watch("--device", "cpu", "--", "python", script)
+    assert p.returncode == 0, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == "overlapcheck watch (cpu): no race in 1 op on 1 stream"
