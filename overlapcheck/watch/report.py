@@ -257,9 +257,14 @@ class Explainer:
             freed = unit.prev_free_site or "?"
             memory += (f"; the same block belonged to the {unit.prev_describe or 'tensor'} "
                        f"freed at {freed}")
-            fix = (f"the previous owner was freed at {freed} while {prev_short} could still "
-                   f"use it: call `.record_stream({prev_code})` on it before that line, or "
-                   + fix)
+            why = f"the previous owner was freed at {freed} while {prev_short} could still use it: "
+            if unit.device and prev.ctx != HOST:
+                # where the stream used it the tensor is in scope (the free may be a
+                # caller's line, where it is not)
+                why += (f"call `.record_stream({prev_code})` on it after line "
+                        f"{_line(prev.op.frame)} of {_file(prev.op.frame)}, where {prev_short} "
+                        f"uses it, or ")
+            fix = why + fix
 
         notes = []
         if getattr(prev.op, "after_wait", False):

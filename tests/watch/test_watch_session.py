@@ -288,3 +288,32 @@ def test_a_tensor_is_described_as_the_code_holds_it():
     assert r.memory.startswith("device tensor int64[5, 2] allocated at "), r.memory
     assert r.rows == "rows 0..1" and r.variable == "x"
     assert str(r).startswith("race (stream-stream) on `x`, device tensor int64[5, 2] allocated")
+
+
+def _launch(schedule, forward, table):
+    with torch.cuda.stream(schedule):
+        indices = torch.arange(0, 2, device="cuda")
+    forward.wait_stream(schedule)
+    with torch.cuda.stream(forward):
+        out = table.index_select(0, indices)
+    return out  # indices is freed when this frame goes, at the caller's line
+
+
+def test_reuse_advice_points_where_the_freed_tensor_still_exists():
+    with watch(device="cpu", mode="log") as w:
+        schedule, forward = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(schedule):
+            table = torch.zeros(4, 8, device="cuda")
+        _launch(schedule, forward, table)
+        with torch.cuda.stream(schedule):
+            torch.arange(2, 4, device="cuda")  # takes the freed block of indices
+    (r,) = w.reports
+    assert r.kind == "reuse"
+    use = _launch.__code__.co_firstlineno + 5
+    assert r.previous["frame"].endswith(f":{use}")
+    here = r.previous["frame"].rsplit(":", 1)[0]
+    freed = test_reuse_advice_points_where_the_freed_tensor_still_exists.__code__.co_firstlineno
+    assert r.missing_edge.startswith(
+        f"the previous owner was freed at {here}:{freed + 5} while `forward` could still use "
+        f"it: call `.record_stream(forward)` on it after line {use} of {here}, where "
+        f"`forward` uses it, or add"), r.missing_edge
