@@ -171,8 +171,12 @@ class WatchMode(TorchDispatchMode):
                                    for t in all_tensors(args, kwargs)))
         if not dev_op:
             out = func(*args, **kwargs)
-            if pin:
-                b.pinned_outputs([o for _, o in outputs(plan, out)])
+            if pin or kwargs.get("pin_memory") or plan.name == "_pin_memory":
+                made = [o for _, o in outputs(plan, out)]
+                if pin:  # the shim pins it
+                    b.pinned_outputs(made)
+                for o in made:
+                    self.tr.pinned_allocated(host_key(o), o)
             if ins:
                 self._host_op(plan, ins)
             return out

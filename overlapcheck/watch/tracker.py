@@ -56,6 +56,7 @@ class Unit:
     pledged: Set[StreamHandle] = field(default_factory=set)  # record_stream
     streams: Set[StreamHandle] = field(default_factory=set)  # streams that copied it (host)
     alloc_site: str = "?"
+    allocated: bool = False   # host memory: alloc_site is its allocation, not its first copy
     free_site: Optional[str] = None       # where the current owner was freed
     prev_free_site: Optional[str] = None  # where the previous owner was freed
     prev_describe: Optional[str] = None   # the previous owner, as ``describe`` said
@@ -72,7 +73,8 @@ class Unit:
         if shape is not None:
             what += f" {self.dtype}{list(shape)}"
         if not self.device:
-            return f"{what} first copied at {self.alloc_site}"
+            how = "allocated" if self.allocated else "first copied"
+            return f"{what} {how} at {self.alloc_site}"
         if self.alloc_site == BEFORE:
             return f"{what} allocated before watching began"
         return f"{what} allocated at {self.alloc_site}"
@@ -142,6 +144,8 @@ class Tracker:
         self._ev_gen: Dict[EventHandle, int] = {}
         self.units: Dict[object, Unit] = {}
         self._host_fin: Dict[object, weakref.finalize] = {}
+        # pinned host storages allocated under watch: address -> (site, its finalizer)
+        self._pinned: Dict[int, Tuple[str, weakref.finalize]] = {}
         self._serial = itertools.count(1)
         self.ops = 0
         self.allocs = 0  # device allocations so far
@@ -277,11 +281,22 @@ class Tracker:
             self.units[("host", key)] = u
         if u.serial == 0:
             u.serial = next(self._serial)
-            u.alloc_site, u.pinned, u.streams = self._site(), pinned, set()
+            made = self._pinned.get(key)
+            u.alloc_site = made[0] if made else self._site()
+            u.allocated, u.pinned, u.streams = made is not None, pinned, set()
             self._learn(u, t)
             self.det.alloc(u.mem, u.describe(), u.serial)
             self._host_fin[key] = weakref.finalize(t.untyped_storage(), self.host_dead, key)
         return u
+
+    def pinned_allocated(self, key, t) -> None:
+        """Pinned host memory at ``key`` (``t`` views it) was allocated at the user's
+        line now: a report on it names this line rather than its first copy."""
+        old = self._pinned.pop(key, None)
+        if old is not None:
+            old[1].detach()
+        fin = weakref.finalize(t.untyped_storage(), self._pinned.pop, key, None)
+        self._pinned[key] = (self._site(), fin)
 
     def host_unit_if_tracked(self, key) -> Optional[Unit]:
         u = self.units.get(("host", key))
@@ -311,6 +326,9 @@ class Tracker:
         for fin in self._host_fin.values():
             fin.detach()
         self._host_fin.clear()
+        for _, fin in self._pinned.values():
+            fin.detach()
+        self._pinned.clear()
 
     # -- accesses ---------------------------------------------------------------------
     def op(self, name: str, is_copy: bool = False) -> Tuple[WatchOp, object]:

@@ -317,3 +317,24 @@ def test_reuse_advice_points_where_the_freed_tensor_still_exists():
         f"the previous owner was freed at {here}:{freed + 5} while `forward` could still use "
         f"it: call `.record_stream(forward)` on it after line {use} of {here}, where "
         f"`forward` uses it, or add"), r.missing_edge
+
+
+def _fill(staging, dev):
+    staging.copy_(dev, non_blocking=True)
+
+
+@pytest.mark.parametrize("pinned", [
+    lambda: torch.empty(4, dtype=torch.int64, pin_memory=True),
+    lambda: torch.zeros(4, dtype=torch.int64).pin_memory(),
+], ids=["pin_memory=True", "pin_memory()"])
+def test_a_pinned_buffer_is_described_by_its_allocation(pinned):
+    with watch(device="cpu", mode="log") as w:
+        s = torch.cuda.Stream()
+        staging = pinned()
+        with torch.cuda.stream(s):
+            _fill(staging, torch.arange(4, device="cuda"))  # its first copy
+        staging.tolist()
+    (r,) = w.reports
+    made = pinned.__code__.co_firstlineno
+    assert r.memory.startswith("pinned host tensor int64[4] allocated at "), r.memory
+    assert r.memory.endswith(f"test_watch_session.py:{made}"), r.memory
