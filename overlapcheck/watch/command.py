@@ -80,6 +80,9 @@ def run(args) -> int:
     if out.error is not None:
         _print_program_error(out.error)
     w = out.watch
+    for r in w.reports:  # each was printed when first seen; say what came after
+        if r.count > 1:
+            print(f"overlapcheck watch: race [{r.ident}] {r.seen()}", file=sys.stderr)
     written = ""
     if args.json:
         if out.json_error is None:
@@ -89,15 +92,23 @@ def run(args) -> int:
                   f"({out.json_error})", file=sys.stderr)
     s = w.summary()
     if w.reports:
-        verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
+        verdict = _count(s["races"], "race")
+        extra = []
         if s["occurrences"] != s["races"]:
-            verdict += f" ({s['occurrences']} occurrences)"
+            extra.append(f"{s['occurrences']} occurrences")
+        if s["tensors"] != s["races"]:
+            extra.append(f"on {s['tensors']} tensors")
+        if extra:
+            verdict += f" ({', '.join(extra)})"
     else:
         verdict = "no race"
-    streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"
-    print(f"overlapcheck watch ({w.device}): {verdict} in {s['ops']} ops on {streams}"
-          + written, file=sys.stderr)
+    print(f"overlapcheck watch ({w.device}): {verdict} in {_count(s['ops'], 'op')} on "
+          f"{_count(s['streams'], 'stream')}" + written, file=sys.stderr)
     return 1 if w.reports else out.status
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _print_program_error(exc: BaseException) -> None:

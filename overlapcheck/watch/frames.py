@@ -2,8 +2,11 @@
 
 A frame belongs to the user unless its file lies in torch, in NumPy (a watched NumPy
 view's reads are the caller's), in overlapcheck's watch or race packages, or in
-Python's own library (runpy, contextlib, ...). Reports show the
-innermost user frame as ``file:line`` and a short stack of user frames under it.
+Python's own library (runpy, contextlib, ...). Reports show the innermost user frame
+as ``file:line`` and a short stack of user frames under it. The stack ends where
+overlapcheck's own entry points called the program (``overlapcheck watch -- python
+prog.py``): what called them (the ``overlapcheck`` launcher an installer writes, a
+shell's ``python -m``) is not the program's.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _PKG = os.path.dirname(_HERE)
 _RACE = os.path.join(_PKG, "race")
 _ENTRY = tuple(os.path.join(_PKG, n) for n in ("cli.py", "__main__.py"))
+_CALLERS = (_HERE + os.sep, *_ENTRY)  # overlapcheck code that runs a program it watches
 
 
 def _roots() -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -84,11 +88,14 @@ class Frames:
     def stack(self, f: Optional[FrameType], limit: int = 4,
               depth: int = 24) -> Tuple[Tuple[str, int, str], ...]:
         """``(file, line, function)`` of ``f`` and the user frames that called it (at
-        most ``limit`` of them, looking ``depth`` frames up): cheap to take at every
-        access; ``format`` turns it into text when a report needs it."""
+        most ``limit`` of them, looking ``depth`` frames up, and none beyond the
+        overlapcheck code that runs the program): cheap to take at every access;
+        ``format`` turns it into text when a report needs it."""
         out = []
         while f is not None and len(out) < limit and depth > 0:
             code = f.f_code
+            if code.co_filename.startswith(_CALLERS):
+                break
             if self.is_user(code.co_filename):
                 out.append((code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back

@@ -143,12 +143,12 @@ class Watch:
             self.tracker.paused = False
 
     # -- reports -------------------------------------------------------------------------
-    def _on_report(self, race, unit, frame) -> None:
+    def _on_report(self, race, unit, frame, view=None) -> None:
         __tracebackhide__ = True  # pytest shows the user's line, not ours
-        report = self._explainer.explain(race, unit, frame)
+        report = self._explainer.explain(race, unit, frame, view)
         seen = self._by_key.get(report.key)
         if seen is not None:
-            seen.count += 1
+            seen.merge(report)
             return
         self._by_key[report.key] = report
         self.reports.append(report)
@@ -170,6 +170,7 @@ class Watch:
     def summary(self) -> dict:
         tr = self.tracker
         return {"races": len(self.reports), "occurrences": sum(r.count for r in self.reports),
+                "tensors": sum(r.tensors for r in self.reports),
                 "ops": tr.ops if tr else 0, "accesses": tr.det.accesses if tr else 0,
                 "streams": len(tr.stream_ctx) if tr else 0}
 
