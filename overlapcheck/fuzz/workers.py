@@ -224,9 +224,13 @@ class Workers:
             parts.append(part)
         s = merge(self.opts, parts, secs, self.jobs)
         by_id = {f["id"]: f for f in s["findings"]}
-        for fid, f in self.found.items():     # streamed: a killed job's, and the latest
-            if fid not in by_id or by_id[fid]["seconds_before"] >= f["seconds_before"]:
-                by_id[fid] = {k: v for k, v in f.items() if k != "job"}
+        for fid, f in self.found.items():
+            # the job whose finding was reported first keeps it (its repro is the path
+            # the progress line named; the jobs' clocks differ, so no other order holds):
+            # its final form where the job ended, else the latest it streamed
+            final = [g for g in self.parts.get(f["job"], {}).get("findings", ())
+                     if g["id"] == fid]
+            by_id[fid] = final[0] if final else {k: v for k, v in f.items() if k != "job"}
         s["findings"] = sorted(by_id.values(), key=lambda f: f["seconds_before"])
         if not s["engine_version"]:
             s["engine_version"] = targets.get(self.opts.target).version()
