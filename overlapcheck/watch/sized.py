@@ -18,9 +18,10 @@ implementations (ATen's ``Nonzero.cu``, ``IndexKernel.cpp``, ``TensorAdvancedInd
 * ``nonzero`` (``argwhere`` and ``torch.where(cond)`` reach it): after the count, the
   selection re-reads ``self`` (in place when contiguous; otherwise it reads a copy made
   before the wait) and writes the indices;
-* ``index`` with a boolean (or uint8) mask, or with an index tensor in host memory:
-  the mask's ``nonzero`` (above), or the blocking copy of host indices to the device,
-  then the index kernel reads ``self`` and the device indices and writes the result;
+* ``index`` with a boolean (or uint8) mask in device memory, or with an integer index
+  tensor in host memory: the mask's ``nonzero`` (above), or the blocking copy of host
+  indices to the device, then the index kernel reads ``self`` and the device indices
+  and writes the result (a host mask: no wait, its ``nonzero`` runs on the host);
 * ``masked_select``: ``index`` with the mask broadcast to ``self`` (a broadcast mask
   is copied before the wait);
 * ``index_put_`` (``x[mask] = v``) and ``index_put``: as ``index``, writing ``self``
@@ -105,7 +106,12 @@ def _index_reads(indices, on_device: OnDevice) -> Tuple[torch.Tensor, ...]:
 
 
 def _needs_wait(indices, on_device: OnDevice) -> bool:
-    return any(i.dtype in _MASKS or not on_device(i) for i in indices)
+    """A device mask's ``nonzero`` waits for its count; host integer indices reach the
+    device by a blocking copy. A host mask does not wait: its ``nonzero`` runs on the
+    host, and its indices go to the device by a copy from pageable memory, which
+    returns once staged (seen in the CUDA runtime calls PyTorch makes,
+    ``tests/watch/test_watch_sizes_gpu.py``)."""
+    return any((i.dtype in _MASKS) == on_device(i) for i in indices)
 
 
 def _nonzero(get: Get, on_device: OnDevice) -> Optional[Wait]:
