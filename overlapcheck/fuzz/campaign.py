@@ -86,6 +86,7 @@ class Options:
     # or None; the campaign then ends as at the end of its time box
     stop: Optional[Callable[[], Optional[str]]] = None
     on_stats: Optional[Callable[["Stats"], None]] = None   # the figures, about once a second
+    on_begin: Optional[Callable[[], None]] = None   # called as the first example is drawn
     graphs: bool = False   # a GPU device: model calls replay from CUDA graphs (§4.9)
     # a target's config fields held fixed (``fuzz --config``): ((field, value), ...)
     config: Optional[tuple] = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 
 def register(sub) -> None:
@@ -207,7 +208,67 @@ def _jobs(args) -> int:
     return jobs
 
 
+class _StartUpTookTheBox(Exception):
+    """Raised in the main thread by the start-up watchdog (``_StartUpWatch``)."""
+
+
+class _StartUpWatch:
+    """The time box holds while the campaign is still starting: imports, the fork
+    server, the engine's own start on a loaded machine can take longer than a short
+    box. An interval timer fires at the box's end; if the campaign has not begun by
+    then (it keeps the box itself once it runs), start-up stops there and the command
+    says so, with nothing found and nothing lost. Disarmed as the campaign begins."""
+
+    def __init__(self, args) -> None:
+        import signal
+        self.armed = False
+        if args.time is None or not 0 < args.time <= MAX_SECONDS \
+                or not hasattr(signal, "setitimer"):
+            return
+        left = _started() + args.time + (args.shrink_time or 0.0) - time.monotonic()
+        self._saved = signal.signal(signal.SIGALRM, self._fire)
+        signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
+        self.armed = True
+
+    def _fire(self, signum, frame) -> None:
+        if self.armed:
+            self.disarm()
+            raise _StartUpTookTheBox()
+
+    def disarm(self) -> None:
+        import signal
+        if self.armed:
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._saved)
+
+
+def _box_taken_by_start_up(args) -> int:
+    from .workers import stop_server
+    stop_server()
+    secs = round(time.monotonic() - _started(), 2)
+    line = (f"fuzz: start-up took the whole time box ({args.time:g} s): no example ran, "
+            f"nothing was found")
+    if args.json:
+        print(json.dumps({"seed": args.seed, "target": args.target, "examples": 0, "steps": 0,
+                          "seconds": secs, "start_up_seconds": secs, "findings": [],
+                          "stopped": "start-up took the time box"}, indent=1))
+    print(line, file=sys.stderr)
+    sys.stdout.flush()
+    return 0
+
+
 def run(args) -> int:
+    watch = _StartUpWatch(args)
+    try:
+        return _run(args, watch)
+    except _StartUpTookTheBox:
+        return _box_taken_by_start_up(args)
+    finally:
+        watch.disarm()
+
+
+def _run(args, watch: _StartUpWatch) -> int:
     engine_logs = _route_engine_logs(args)   # before any worker process starts
     from ..resources import cpus
     if min(args.jobs or 1, cpus()) > 1 and args.ray is None:
@@ -219,6 +280,7 @@ def run(args) -> int:
     from .jobs import run_jobs
     from .stopping import Stop
     opts.progress = None if args.json else stderr_progress
+    opts.on_begin = watch.disarm
     with Stop() as stop:
         opts.stop = stop
         if args.ray is not None:

@@ -75,6 +75,8 @@ def run_jobs(opts: "Options", jobs: int) -> dict:
             return Workers(opts, 1).run(t0)     # start-up took the box: nothing to run
         campaign = Campaign(opts)
         tune_process(opts.device)
+        if opts.on_begin is not None:
+            opts.on_begin()     # the campaign keeps the box from here
         s = campaign.run().summary()
         s["jobs"] = 1
         return s
@@ -86,7 +88,8 @@ def job_options(opts: "Options", jobs: int) -> list:
     sub-seeds, the example budget split, a local database folder each (a shared one
     stays shared)."""
     from .db import DEFAULT_LOCAL
-    base = dataclasses.replace(opts, progress=None, on_finding=None, stop=None, on_stats=None)
+    base = dataclasses.replace(opts, progress=None, on_finding=None, stop=None, on_stats=None,
+                               on_begin=None)
     local = opts.db or (DEFAULT_LOCAL if opts.shared_db else None)
     return [dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
                                 examples=None if opts.examples is None else -(-opts.examples // jobs),

@@ -130,6 +130,8 @@ class Workers:
             return self._summary(time.monotonic() - t0)
         if self.late is not None:
             self.end = self.launched + self.late
+        if self.opts.on_begin is not None:
+            self.opts.on_begin()    # this loop keeps the box from here
         ctx = _context()
         stop = ctx.Event()
         procs, conns = {}, {}
