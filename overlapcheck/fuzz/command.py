@@ -217,14 +217,17 @@ class _StartUpWatch:
     server, the engine's own start on a loaded machine can take longer than a short
     box. An interval timer fires at the box's end; if the campaign has not begun by
     then (it keeps the box itself once it runs), start-up stops there and the command
-    says so, with nothing found and nothing lost. Disarmed as the campaign begins."""
+    says so, with nothing found and nothing lost. Disarmed as the campaign begins. The
+    flags are checked first: a box that ends while they are is kept until they are
+    (``checked``), so a usage error is never hidden by a short box."""
 
     def __init__(self, args) -> None:
         import signal
-        self.armed = False
-        if args.time is None or not 0 < args.time <= MAX_SECONDS \
-                or not hasattr(signal, "setitimer"):
-            return
+        self.armed = self.ready = self.expired = False
+        self.checked_at = None
+        if any(v is not None and not 0 < v <= MAX_SECONDS for v in (args.time, args.shrink_time)) \
+                or args.time is None or not hasattr(signal, "setitimer"):
+            return          # no box, or a bad one (the flags' check says so)
         left = _started() + args.time + (args.shrink_time or 0.0) - time.monotonic()
         self._saved = signal.signal(signal.SIGALRM, self._fire)
         signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
@@ -233,6 +236,16 @@ class _StartUpWatch:
     def _fire(self, signum, frame) -> None:
         if self.armed:
             self.disarm()
+            if not self.ready:
+                self.expired = True     # said once the flags are checked
+                return
+            raise _StartUpTookTheBox()
+
+    def checked(self) -> None:
+        """The flags are checked: from here the box's end stops start-up at once."""
+        self.ready = True
+        self.checked_at = time.monotonic()
+        if self.expired:
             raise _StartUpTookTheBox()
 
     def disarm(self) -> None:
@@ -243,15 +256,17 @@ class _StartUpWatch:
             signal.signal(signal.SIGALRM, self._saved)
 
 
-def _box_taken_by_start_up(args) -> int:
+def _box_taken_by_start_up(args, watch: _StartUpWatch) -> int:
     from .workers import stop_server
     stop_server()
     secs = round(time.monotonic() - _started(), 2)
+    checked = None if watch.checked_at is None else round(watch.checked_at - _started(), 2)
     line = (f"fuzz: start-up took the whole time box ({args.time:g} s): no example ran, "
             f"nothing was found")
     if args.json:
         print(json.dumps({"seed": args.seed, "target": args.target, "examples": 0, "steps": 0,
-                          "seconds": secs, "start_up_seconds": secs, "findings": [],
+                          "seconds": secs, "start_up_seconds": secs,
+                          "flags_checked_seconds": checked, "findings": [],
                           "stopped": "start-up took the time box"}, indent=1))
     print(line, file=sys.stderr)
     sys.stdout.flush()
@@ -263,7 +278,7 @@ def run(args) -> int:
     try:
         return _run(args, watch)
     except _StartUpTookTheBox:
-        return _box_taken_by_start_up(args)
+        return _box_taken_by_start_up(args, watch)
     finally:
         watch.disarm()
 
@@ -276,6 +291,7 @@ def _run(args, watch: _StartUpWatch) -> int:
         start_server()         # the workers' imports, while this process checks the flags
     opts = _options(args)      # usage errors first, before the engine is imported
     jobs = _jobs(args)
+    watch.checked()
     from .campaign import stderr_progress
     from .jobs import run_jobs
     from .stopping import Stop
