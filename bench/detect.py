@@ -122,10 +122,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from invariants.base import names_for
     from overlapcheck import targets
+    from overlapcheck.protocol.target import TargetUnavailable
     try:
         target = targets.get(args.target)
         version = target.version()
-    except (ValueError, targets.TargetUnavailable) as e:
+    except (ValueError, TargetUnavailable) as e:
         ap.error(str(e))
     FAULTS = target.faults()
     unknown = [n for n in args.fault if n not in FAULTS]

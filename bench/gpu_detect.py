@@ -34,9 +34,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from overlapcheck.engine import EngineConfig, generate  # noqa: E402
 from overlapcheck.device import check_available, device_info  # noqa: E402
+from overlapcheck.engine import EngineConfig  # noqa: E402
 from overlapcheck.faults import FAULTS  # noqa: E402
+from overlapcheck.protocol import generate  # noqa: E402
 from overlapcheck.run import Case, ScheduleSpec, execute  # noqa: E402
 
 RACE = ("stream-race", "kv-lifetime")

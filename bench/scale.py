@@ -35,7 +35,7 @@ class Probe:
         self.cpu, self.wall, self.rss = [], [], []
 
     def event(self, ev) -> None:
-        from overlapcheck.engine import events as E
+        from overlapcheck.protocol import events as E
         if type(ev) is E.StepEnd:
             self.cpu.append(time.process_time())
             self.wall.append(time.perf_counter())
@@ -53,8 +53,8 @@ class Probe:
 
 def workload(n: int, cfg, gap: int, seed: int = 1):
     """``generate``'s requests and aborts, one arrival every ``gap`` steps."""
-    from overlapcheck.engine import generate
-    from overlapcheck.engine.workload import AbortAt, Workload
+    from overlapcheck.protocol import generate
+    from overlapcheck.protocol.workload import AbortAt, Workload
     wl = generate(seed, n, cfg, max_prompt=16, max_new=24)
     at = {r.rid: gap * r.rid for r in wl.requests}
     reqs = tuple(dataclasses.replace(r, arrival=at[r.rid]) for r in wl.requests)

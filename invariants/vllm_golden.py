@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import SEEDED
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import SEEDED
 from overlapcheck.targets.vllm import events as V
 from overlapcheck.targets.vllm.golden import Golden
 

@@ -11,11 +11,12 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from overlapcheck.engine import EngineConfig, RequestSpec, Workload, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.faults import FAULTS, FaultSet
-from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.strategies import cases
+from overlapcheck.protocol import RequestSpec, Workload, generate
 from overlapcheck.repro.format import Repro, save
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 BUDGET = 200          # generated examples per hunt (no shrinking: the first hit is kept)
 NO_RACE = ("kv-accounting", "kv-canary", "parity", "metrics", "no-hidden-sync", "lifecycle",

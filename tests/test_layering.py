@@ -1,8 +1,9 @@
-"""The seams the design promises, checked over the source: the engine imports no
-checker, fuzzer, repro, run driver or command line; the fake models import no engine;
-no two packages import each other; only the device runtime knows backend names; every
-fault's documented site holds its guard; the device registry's flags match the
-runtimes'."""
+"""The seams the design promises, checked over the source (docs/design.md §2): the
+protocol imports nothing of the project but the seed streams; the engine imports the
+protocol and no checker, fuzzer, repro, run driver, target or command line; the
+fake models import no engine; no two packages import each other; only the device runtime knows
+backend names; every fault's documented site holds its guard; the device registry's
+flags match the runtimes'."""
 import ast
 import collections
 import os
@@ -26,9 +27,27 @@ def _modules():
                     yield ".".join(rel), path, f == "__init__.py"
 
 
+def _type_checking(node) -> bool:
+    """``if TYPE_CHECKING:``: imports for annotations only, never run."""
+    t = node.test
+    return isinstance(node, ast.If) and (getattr(t, "id", None) == "TYPE_CHECKING"
+                                         or getattr(t, "attr", None) == "TYPE_CHECKING")
+
+
+def _walk(tree):
+    """``ast.walk`` that skips ``if TYPE_CHECKING:`` blocks (every other import counts,
+    the ones inside functions too)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(c for c in ast.iter_child_nodes(node)
+                    if not (isinstance(c, ast.If) and _type_checking(c)))
+
+
 def _imports(mod: str, path: str, is_pkg: bool):
     tree = ast.parse(open(path, encoding="utf-8").read())
-    for n in ast.walk(tree):
+    for n in _walk(tree):
         if isinstance(n, ast.ImportFrom):
             if n.level:
                 base = mod.split(".")
@@ -44,7 +63,7 @@ def _imports(mod: str, path: str, is_pkg: bool):
 
 def _case_strategy_modules():
     """The modules targets name as their fuzz case strategy: the fuzzer imports them and
-    the target never does (``targets/base.py``), so they count as the fuzzer's."""
+    the target never does (``protocol/target.py``), so they count as the fuzzer's."""
     import importlib
     from overlapcheck.targets import TARGETS
     out = set()
@@ -89,23 +108,30 @@ def import_graph():
 MODS, AREAS = import_graph()
 
 
-def test_the_engine_imports_only_device_faults_seeds_and_itself():
-    allowed = ("overlapcheck.engine", "overlapcheck.device", "overlapcheck.faults",
-               "overlapcheck.seeds", "overlapcheck")
+def _offenders(prefix: str, allowed) -> dict:
+    """Modules under ``prefix`` importing an area outside ``allowed``."""
     bad = {m: sorted(g for g in got if _area(g) not in allowed)
-           for m, got in MODS.items() if m.startswith("overlapcheck.engine")}
-    assert not {m: g for m, g in bad.items() if g}
+           for m, got in MODS.items() if m == prefix or m.startswith(prefix + ".")}
+    return {m: g for m, g in bad.items() if g}
+
+
+def test_the_protocol_imports_only_itself_and_the_seed_streams():
+    assert not _offenders("overlapcheck.protocol", ("overlapcheck.protocol", "overlapcheck.seeds"))
+
+
+def test_the_engine_imports_the_protocol_and_no_checker_driver_or_target():
+    allowed = ("overlapcheck.engine", "overlapcheck.protocol", "overlapcheck.device",
+               "overlapcheck.faults", "overlapcheck.seeds", "overlapcheck", "fake_models")
+    assert not _offenders("overlapcheck.engine", allowed)
 
 
 def test_fake_models_import_no_engine():
-    bad = {m: sorted(g for g in got if g.startswith("overlapcheck.engine"))
-           for m, got in MODS.items() if m.startswith("fake_models")}
-    assert not {m: g for m, g in bad.items() if g}
+    allowed = ("fake_models", "overlapcheck.protocol", "overlapcheck.seeds")
+    assert not _offenders("fake_models", allowed)
 
 
 def test_no_import_loops_between_packages():
     loops = sorted((a, b) for a in AREAS for b in AREAS[a] if a < b and a in AREAS.get(b, ()))
-    # the package root (version) and the command line import subcommand modules by name
     assert loops == [], loops
 
 

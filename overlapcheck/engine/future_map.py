@@ -26,8 +26,9 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from ..faults import FaultSet
+from ..protocol.types import PREFILL, RUNNING
 from .config import EngineConfig
-from .types import PREFILL, RUNNING, Batch
+from .types import Batch
 
 
 def future_slots(cfg: EngineConfig) -> int:

@@ -13,23 +13,21 @@ from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..device import StuckWait
 from ..faults import FaultSet
-from . import canary as C
-from . import events as E
+from ..protocol import canary as C
+from ..protocol import events as E
+from ..protocol.results import RequestResult, RunResult, summarize
+from ..protocol.target import EngineStuck
+from ..protocol.types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
+                              RUNNING, STOP, RequestSpec)
 from .accounting import Memory
 from .buffers import DeviceState
 from .config import EngineConfig
 from .graphs import GraphedModel
-from .results import RequestResult, RunResult, summarize
 from .scheduler import Scheduler
 from .threads import (FORWARD, GET, POINT, PUT, SCHEDULER, HostThreads, ReadLog,
                       shared_state, written)
-from .types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING, RUNNING,
-                    STOP, Batch, Request, RequestSpec)
+from .types import Batch, Request
 from .worker import SpecWorker
-
-
-class EngineStuck(RuntimeError):
-    """The run exceeded its step bound (a request that never ends)."""
 
 
 class Engine:

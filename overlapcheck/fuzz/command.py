@@ -66,6 +66,7 @@ def register(sub) -> None:
 def _options(args):
     from .. import targets
     from ..errors import UsageError
+    from ..protocol.target import TargetUnavailable
     from ..device import check_available, device_info
     from ..engine.drafts import DRAFT_KINDS
     try:
@@ -112,7 +113,7 @@ def _options(args):
     _check_faults(faults, args.target)
     try:
         target.version()          # a missing or other-version engine: one line, exit 2
-    except targets.TargetUnavailable as e:
+    except TargetUnavailable as e:
         raise UsageError(str(e)) from None
     if args.model is not None:
         try:   # builds the model once: a bad name or model directory is one line, exit 2

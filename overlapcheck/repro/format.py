@@ -19,8 +19,8 @@ import yaml
 
 from .. import __version__
 from ..device import DEVICES
+from ..protocol.finding import Finding
 from ..run.case import SCHEMA, Case, CaseError
-from ..run.finding import Finding
 
 SCHEMAS = (1, SCHEMA)    # the schemas this overlapcheck reads
 MAX_BYTES = 16 << 20

@@ -184,12 +184,13 @@ def _defaults():
 def run(args) -> int:
     from .. import targets
     from ..errors import UsageError
+    from ..protocol.target import TargetUnavailable
     try:
         target = targets.get(args.target)
         target.version()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    except targets.TargetUnavailable as e:
+    except TargetUnavailable as e:
         raise UsageError(str(e)) from None
     if args.target == "reference":
         if args.config:
@@ -201,7 +202,7 @@ def run(args) -> int:
 
 def _workload(args, cfg, target):
     from ..errors import UsageError
-    from ..engine.workload import WorkloadError, load
+    from ..protocol.workload import WorkloadError, load
     if args.requests is not None and args.requests < 1:
         raise UsageError(f"--requests must be >= 1, got {args.requests}")
     try:

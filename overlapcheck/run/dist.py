@@ -21,7 +21,7 @@ import torch
 
 from ..device import StuckWait
 from ..engine.dist import DistRank, exit_step
-from ..engine.results import RequestResult, RunResult, Summary
+from ..protocol.results import RequestResult, RunResult, Summary
 
 
 def _rank_main(rank: int, job: dict, out: str) -> None:
@@ -54,7 +54,7 @@ def _join(rank: int, job: dict) -> None:
 def _run_rank(rank: int, job: dict, rt, model) -> dict:
     """Run the workload: rank 0 with the checkers (its report carries the result and
     the violations), the others without (their report says how they ended)."""
-    from ..engine import EngineStuck
+    from ..protocol import EngineStuck
     from .case import Case, ScheduleSpec
     from .driver import execute
 

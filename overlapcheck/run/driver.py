@@ -29,10 +29,10 @@ from invariants.base import Violation, make_checkers
 from .. import targets
 from ..device import Diverged, Replay, StuckWait
 from ..device.sched import Eager
-from ..engine import EngineStuck, RunResult
-from ..engine import events as E
+from ..protocol import EngineStuck, RunResult
+from ..protocol import events as E
+from ..protocol.finding import ENGINE_EXCEPTION, Finding
 from .case import Case, ScheduleSpec
-from .finding import ENGINE_EXCEPTION, Finding
 from .monitor import Halt, Monitor
 
 COMPLETED, HALTED, STALLED, CRASHED, DIVERGED = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
-from .base import Chooser, Session, Target, TargetUnavailable
+from ..protocol.target import Target
 
 # name -> "module:Class"
 TARGETS: Dict[str, str] = {
@@ -19,7 +19,7 @@ TARGETS: Dict[str, str] = {
     "sglang": "overlapcheck.targets.sglang:SglangTarget",
 }
 
-__all__ = ["TARGETS", "Chooser", "Session", "Target", "TargetUnavailable", "get"]
+__all__ = ["TARGETS", "get"]
 
 
 def get(name: str) -> Target:

@@ -6,7 +6,7 @@ import dataclasses
 from typing import List, Optional, Sequence
 
 from ..device import device_info
-from .base import Session, Target
+from ..protocol.target import Session, Target
 
 
 class ReferenceSession(Session):

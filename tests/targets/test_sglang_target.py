@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import GREEDY, RequestSpec
-from overlapcheck.engine.workload import AbortAt, Workload, WorkloadError
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.target import TargetUnavailable
+from overlapcheck.protocol.types import GREEDY, RequestSpec
+from overlapcheck.protocol.workload import AbortAt, Workload, WorkloadError
 from overlapcheck.run import Case, CaseError, ScheduleSpec, execute
-from overlapcheck.targets.base import TargetUnavailable
 from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 from overlapcheck.targets.sglang.config import from_dict
 

@@ -207,7 +207,7 @@ KNOWN_PAD_BUG = VllmTargetConfig(
 
 
 def test_known_vllm_bug_spec_padding_cut_by_the_chunk_cap():
-    from overlapcheck.engine import RequestSpec, Workload
+    from overlapcheck.protocol import RequestSpec, Workload
     w = Workload((RequestSpec(0, 0, (0,), 2, (), 0, "greedy"),
                   RequestSpec(1, 1, (0,), 1, (), 0, "greedy")))
     for scheduler, q in (("sync", 1), ("async", 2)):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Sequence
 
-from ..base import Target, TargetUnavailable
+from ...protocol.target import Target, TargetUnavailable
 from . import env
 from .config import SglangConfig, from_dict, to_dict
 
@@ -79,8 +79,8 @@ class SglangTarget(Target):
         return {"golden": golden, "parity_accept": False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
-        from ...engine.types import SEEDED
-        from ...engine.workload import WorkloadError
+        from ...protocol.types import SEEDED
+        from ...protocol.workload import WorkloadError
         from .session import MAX_RID
         for i, r in enumerate(workload.requests):
             w = f"requests[{i}]"
@@ -106,8 +106,8 @@ class SglangTarget(Target):
     def generate(self, seed: int, n: int, cfg: SglangConfig):
         """``n`` seeded requests that fit ``cfg`` (mixed arrivals, stop ids, sampling
         modes, aborts; greedy only in real-forward mode)."""
-        from ...engine.types import GREEDY
-        from ...engine.workload import Workload, generate
+        from ...protocol.types import GREEDY
+        from ...protocol.workload import Workload, generate
         max_prompt = min(24, cfg.max_prompt)
         wl = generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=max_prompt,
                       max_new=min(40, cfg.context - max_prompt))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..base import Target
+from ...protocol.target import Target
 from .config import VllmTargetConfig
 from .env import INSTALL
 from .faults import FAULTS, TargetFault
@@ -59,15 +59,15 @@ class VllmTarget(Target):
         return {"parity_accept": False}
 
     def check_workload(self, workload, cfg: VllmTargetConfig) -> None:
-        from ...engine.workload import WorkloadError
+        from ...protocol.workload import WorkloadError
         why = cfg.workload_error(workload)
         if why:
             raise WorkloadError(why)
 
     def generate(self, seed: int, n: int, cfg: VllmTargetConfig):
-        """``n`` seeded requests (``overlapcheck.engine.workload.generate``) whose ids lie
+        """``n`` seeded requests (``protocol.workload.generate``) whose ids lie
         in the config's vocabulary and whose prompt + output fit ``max_context``."""
-        from ...engine.workload import generate
+        from ...protocol.workload import generate
         prompt = max(1, cfg.max_context * 2 // 5)
         return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=prompt,
                         max_new=cfg.max_context - prompt)

@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Dict, List, Optional
 
-from ...engine import events as E
-from ...engine.results import RequestResult, RunResult, summarize
-from ...engine.types import SEEDED
-from ...engine.workload import Workload
-from ..base import Chooser, Session
+from ...protocol import events as E
+from ...protocol.results import RequestResult, RunResult, summarize
+from ...protocol.target import Chooser, Session
+from ...protocol.types import SEEDED
+from ...protocol.workload import Workload
 from . import patching
 from .events import ReqCounters, VllmCounters, VllmFrame, VllmFrameDone, VllmSessionInfo
 from .faults import reverts_for
@@ -120,7 +120,7 @@ class VllmSession(Session):
             self.close()
 
     def _run(self, workload: Workload, max_steps: Optional[int]) -> RunResult:
-        from ...engine import EngineStuck
+        from ...protocol import EngineStuck
         cfg = self.cfg
         self._emit(VllmSessionInfo(0, -1, cfg.scheduler, cfg.depth, cfg.spec_tokens,
                                    cfg.block_size, cfg.defer_block_free, tuple(cfg.faults),

@@ -3,6 +3,10 @@ arrival step) and aborts at steps. Generated from a seed (the ``workload``
 sub-stream) or loaded from YAML (``yaml.safe_load``, then validated: bad input is a
 ``WorkloadError`` with a one-line message).
 
+``cfg`` is any target's config: workloads are validated against its ``max_context``
+(the longest prompt + output a request may reach); ``generate`` reads its
+``prefix_cache`` too where it has one.
+
 YAML form::
 
     requests:
@@ -17,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Tuple
 
 from .. import seeds
-from .config import EngineConfig
 from .types import GREEDY, SAMPLING, SEEDED, RequestSpec
 
 
@@ -37,7 +40,7 @@ class Workload:
     aborts: Tuple[AbortAt, ...] = ()
 
 
-def generate(seed: int, n: int, cfg: EngineConfig, vocab: int = 64,
+def generate(seed: int, n: int, cfg, vocab: int = 64,
              abort_rate: float = 0.12, max_prompt: int = 24, max_new: int = 40) -> Workload:
     """``n`` requests with mixed arrivals, stop tokens, sampling modes and aborts. With
     the prefix cache on (``cfg.prefix_cache``), some requests then share a prefix with an
@@ -104,7 +107,7 @@ def _fields(item, allowed, where: str) -> dict:
     return item
 
 
-def parse(doc, cfg: EngineConfig) -> Workload:
+def parse(doc, cfg) -> Workload:
     """Validate a loaded YAML document against the schema and ``cfg``."""
     doc = _fields(doc, {"requests", "aborts"}, "workload")
     items = doc.get("requests")
@@ -150,7 +153,7 @@ def parse(doc, cfg: EngineConfig) -> Workload:
     return Workload(tuple(reqs), tuple(aborts))
 
 
-def load(path: str, cfg: EngineConfig) -> Workload:
+def load(path: str, cfg) -> Workload:
     """Load and validate a YAML workload file."""
     import yaml
     try:
