@@ -26,7 +26,7 @@ from overlapcheck import seeds
 from . import tiny_ops as T
 from .kv_store import kept_sources
 from .kv_store import store as store_rows
-from .oracle import SEEDED_PERCENT, mix
+from .oracle_rule import SEEDED_PERCENT, M, mix
 
 TOK, POS, RID = 0, 1, 2
 META = 3
@@ -151,7 +151,7 @@ class TinyModel:
         """Greedy argmax; where ``seeded``, a pure function of (seed, position, greedy
         token) replaces it with another token ``SEEDED_PERCENT``% of the time."""
         greedy = logits.argmax(-1)
-        u = mix(seeds_ % 2147483647, positions + 1)
+        u = mix(seeds_ % M, positions + 1)
         other = (greedy + 1 + (u >> 7) % (self.vocab - 1)) % self.vocab
         return torch.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
 
