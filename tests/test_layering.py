@@ -1,7 +1,8 @@
 """The seams the design promises, checked over the source (docs/design.md §2): the
 protocol imports nothing of the project but the seed streams; the engine imports the
 protocol and no checker, fuzzer, repro, run driver, target or command line; the
-fake models import no engine; no two packages import each other; only the device runtime knows
+fake models import no engine; no module imports itself through others (the module import
+graph is acyclic) and no two packages import each other; only the device runtime knows
 backend names; every fault's documented site holds its guard; the device registry's
 flags match the runtimes'."""
 import ast
@@ -36,7 +37,7 @@ def _type_checking(node) -> bool:
 
 def _walk(tree):
     """``ast.walk`` that skips ``if TYPE_CHECKING:`` blocks (every other import counts,
-    the ones inside functions too)."""
+    the ones inside functions too: a lazy import is a dependency all the same)."""
     todo = [tree]
     while todo:
         node = todo.pop()
@@ -128,6 +129,60 @@ def test_the_engine_imports_the_protocol_and_no_checker_driver_or_target():
 def test_fake_models_import_no_engine():
     allowed = ("fake_models", "overlapcheck.protocol", "overlapcheck.seeds")
     assert not _offenders("fake_models", allowed)
+
+
+def cycles(graph) -> list:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative): each is an import loop."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_cycles_finds_a_loop_and_nothing_else():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_the_module_import_graph_is_acyclic():
+    """No two modules import each other, directly or through others: not at module
+    level, not inside a function."""
+    assert cycles(MODS) == []
 
 
 def test_no_import_loops_between_packages():

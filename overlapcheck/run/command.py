@@ -296,7 +296,7 @@ def _report(args, out, meta) -> int:
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
         if res is not None:
-            _print_text(res)
+            print(res.text())
         else:
             print(f"run {out.status} at step {out.steps}")
         for rep in out.races[:5]:
@@ -308,16 +308,3 @@ def _report(args, out, meta) -> int:
         if found:
             print(f"{len(found)} violation(s)")
     return 1 if (found or out.races or out.problems) else 0
-
-
-def _print_text(res) -> None:
-    for rid, r in sorted(res.requests.items()):
-        print(f"request {rid}: {r.finish_reason}, {len(r.tokens)} tokens "
-              f"[{' '.join(map(str, r.tokens))}], accept lengths "
-              f"[{' '.join(map(str, r.accept_lens))}]"
-              + (f", retracted {r.retractions}x" if r.retractions else ""))
-    s = res.summary
-    print(f"summary: steps {s.steps}, batches {s.batches}, tokens {s.tokens}, verifies "
-          f"{s.verifies}, mean accept length {s.mean_accept_length}, finished {s.finished}, "
-          f"aborts {s.aborts}, retractions {s.retractions}, host syncs {s.host_syncs} "
-          f"(declared {s.declared_syncs}), races {s.races}")

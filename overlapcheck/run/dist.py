@@ -163,7 +163,6 @@ def run_command(args, cfg, workload, checks) -> int:
     import sys
     from fake_models import make_model
     from ..errors import UsageError
-    from .command import _print_text
     if args.log:
         raise UsageError("--log is not available with --dist")
     try:
@@ -184,7 +183,7 @@ def run_command(args, cfg, workload, checks) -> int:
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
         if res is not None:
-            _print_text(res)
+            print(res.text())
         else:
             print(f"run {rank0.get('status', 'lost')} at step {rank0.get('step', '?')}")
         for line in rank0.get("races", [])[:5]:
