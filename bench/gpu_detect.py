@@ -36,7 +36,7 @@ if ROOT not in sys.path:
 
 from overlapcheck.device import check_available, device_info  # noqa: E402
 from overlapcheck.engine import EngineConfig  # noqa: E402
-from overlapcheck.faults import FAULTS  # noqa: E402
+from overlapcheck.engine.faults import FAULTS  # noqa: E402
 from overlapcheck.protocol import generate  # noqa: E402
 from overlapcheck.run import Case, ScheduleSpec, execute  # noqa: E402
 
@@ -212,7 +212,7 @@ def found_text(violations, checker):
 
 def fault_row(name, sim, dev, sanitizer):
     f = FAULTS[name]
-    row = {"fault": name, "class": f.cls, "checker": f.checker, "repro": sim["repro"],
+    row = {"fault": name, "class": f.extra["class"], "checker": f.checker, "repro": sim["repro"],
            "sim_examples": sim["examples"], "cached": sim["examples"] is None,
            "sanitizer": sanitizer, "device_run": dev,
            "sim": "no" if sim["finding"] is None else f"yes ({sim['finding'].site[0]})"}

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from overlapcheck.engine import EngineConfig
-from overlapcheck.faults import FAULTS, FaultSet
+from overlapcheck.engine.faults import FAULTS, FaultSet
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.protocol import RequestSpec, Workload, generate
 from overlapcheck.repro.format import Repro, save
@@ -152,7 +152,7 @@ def test_fault_set_and_config_validation():
         EngineConfig(faults=("nope",))
     assert EngineConfig(faults=["abort-zombie"]).faults == ("abort-zombie",)
     for f in FAULTS.values():
-        assert f.mechanism and f.mirrors and f.trigger and f.site.startswith("engine/")
+        assert f.description and f.cites and f.trigger and f.mechanism.site.startswith("engine/")
         from invariants.base import REGISTRY
         assert f.checker in REGISTRY, f
 

@@ -1,10 +1,10 @@
 """The seams the design promises, checked over the source (docs/design.md §2): the
 protocol imports nothing of the project but the seed streams; the engine imports the
-protocol and no checker, fuzzer, repro, run driver, target or command line; the
-fake models import no engine; no module imports itself through others (the module import
+protocol and no checker, fuzzer, repro, run driver, target or command line; the fake
+models import no engine; no module imports itself through others (the module import
 graph is acyclic) and no two packages import each other; only the device runtime knows
-backend names; every fault's documented site holds its guard; the device registry's
-flags match the runtimes'."""
+backend names; every guarded fault site holds its guard; the
+device registry's flags match the runtimes'."""
 import ast
 import collections
 import os
@@ -227,12 +227,19 @@ def _function_source(path: str, qualname: str) -> str:
     raise AssertionError(f"{qualname} not found in {path}")
 
 
-@pytest.mark.parametrize("name", sorted(__import__("overlapcheck.faults", fromlist=["FAULTS"]).FAULTS))
-def test_each_fault_site_holds_its_guard(name):
-    from overlapcheck.faults import FAULTS
-    path, qualname = FAULTS[name].site.split(" ", 1)
+def _guarded_faults():
+    """(target, fault) of every fault whose mechanism is a guarded site, every target."""
+    from overlapcheck import targets
+    from overlapcheck.faults import GuardedSite
+    return [(t, f) for t in targets.TARGETS for f in targets.get(t).faults().values()
+            if isinstance(f.mechanism, GuardedSite)]
+
+
+@pytest.mark.parametrize("target,fault", _guarded_faults(), ids=lambda x: getattr(x, "name", x))
+def test_each_fault_site_holds_its_guard(target, fault):
+    path, qualname = fault.mechanism.site.split(" ", 1)
     body = _function_source(os.path.join(ROOT, "overlapcheck", path), qualname)
-    assert f'.on("{name}")' in body, f"{FAULTS[name].site} does not ask for {name!r}"
+    assert f'.on("{fault.name}")' in body, f"{fault.mechanism.site} does not ask for {fault.name!r}"
 
 
 def test_device_registry_flags_are_the_runtimes():

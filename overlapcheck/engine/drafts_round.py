@@ -34,9 +34,9 @@ from typing import List, Set
 
 import torch
 
-from ..faults import FaultSet
 from ..protocol.types import PREFILL
 from . import kernels as K
+from .faults import FaultSet
 from .types import Batch
 
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..faults import FaultSet
 from ..protocol.types import PREFILL, RUNNING
 from .config import EngineConfig
+from .faults import FaultSet
 from .types import Batch
 
 

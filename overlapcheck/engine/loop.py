@@ -12,7 +12,6 @@ from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..device import StuckWait
-from ..faults import FaultSet
 from ..protocol import canary as C
 from ..protocol import events as E
 from ..protocol.results import RequestResult, RunResult, summarize
@@ -22,6 +21,7 @@ from ..protocol.types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, 
 from .accounting import Memory
 from .buffers import DeviceState
 from .config import EngineConfig
+from .faults import FaultSet
 from .graphs import GraphedModel
 from .scheduler import Scheduler
 from .threads import (FORWARD, GET, POINT, PUT, SCHEDULER, HostThreads, ReadLog,

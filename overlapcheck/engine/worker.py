@@ -22,7 +22,6 @@ from typing import List, Tuple
 
 import torch
 
-from ..faults import FaultSet
 from ..protocol.types import PREFILL, SEEDED
 from . import backup_check as BK
 from . import canary as C
@@ -31,6 +30,7 @@ from . import kernels_host  # noqa: F401 - registers the kernels' host twins (th
 from .buffers import DeviceState
 from .drafts import make_drafter
 from .drafts_round import DraftRounds
+from .faults import FaultSet
 from .future_map import make_future_map
 from .types import Batch
 

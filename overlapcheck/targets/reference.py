@@ -66,7 +66,7 @@ class ReferenceTarget(Target):
         return self.config_type(**{"backup_canary": False, **d})
 
     def faults(self) -> dict:
-        from ..faults import FAULTS
+        from ..engine.faults import FAULTS
         return FAULTS
 
     def checker_context(self, cfg, device: Optional[str] = None) -> dict:

@@ -262,14 +262,16 @@ FAULT_CASES = [
 def test_fault_caught_by_its_checker_silent_without_trigger(sglang, fault, checker, cfg, reqs,
                                                             untrigger):
     from overlapcheck.targets.sglang import faults as F
-    _, _, orig, _ = F.patched_function(F.FAULTS[fault])
+    (patch,) = F.FAULTS[fault].mechanism.functions
+    patch.build(F._import)          # the fault's edits fit the pinned SGLang
+    orig = patch.resolve()[3]
     wl = Workload(reqs)
     clean, _ = _run(cfg, wl)
     assert clean.findings == []
     out, _ = _run(cfg, wl, faults=(fault,))
     assert checker in {f.checker for f in out.findings}, out.findings
     # the patch is gone once the session is closed
-    assert F._resolve(F.FAULTS[fault].target)[3] is orig
+    assert patch.resolve()[3] is orig
     quiet, _ = _run(replace(cfg, **untrigger), wl, faults=(fault,))
     assert quiet.findings == [], quiet.findings
 
@@ -282,13 +284,13 @@ def test_every_fault_has_a_case():
 def test_close_is_idempotent_and_restores_the_config_faults(sglang):
     from overlapcheck.device.sched import Eager
     from overlapcheck.targets.sglang import faults as F
-    t, fault = SglangTarget(), F.FAULTS["overalloc-leak"]
-    orig = F._resolve(fault.target)[3]
+    t, (patch,) = SglangTarget(), F.FAULTS["overalloc-leak"].mechanism.functions
+    orig = patch.resolve(F._import)[3]
     cfg = SglangConfig(spec_steps=1, faults=("overalloc-leak",), **CTX)
     session = t.open(cfg, Eager(), None)
     with contextlib.suppress(Exception):      # SGLang's own idle check may see the leak
         session.run(t.generate(1, 4, cfg))
-    assert F._resolve(fault.target)[3] is orig
+    assert patch.resolve()[3] is orig
     session.close()
     session.close()
     assert session.engine.cur_batch_for_debug is None

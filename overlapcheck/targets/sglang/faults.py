@@ -2,48 +2,38 @@
 
 Each fault restores the pre-fix behaviour of one SGLang function, the way SGLang's own
 ``SGLANG_DEBUG_REVERT_PR`` switch reverts a fix: the function's source is edited
-(each edit must match exactly once, or the fault refuses to apply), compiled in its
+(each edit must match exactly once, or the fault refuses to apply), recompiled in its
 module's namespace and installed in place of the original — in every SGLang module
-that imported it by name — only inside a session whose config lists the fault
-(``applied``), and restored when the session ends. Nothing in overlapcheck's fuzzer
-knows fault names; a fault counts as found only through the checker it names.
+that imported it by name — only while a session whose config lists the fault runs
+(``applied``), and restored when the run ends (``overlapcheck.faults.SourcePatch``).
+Nothing in overlapcheck's fuzzer knows fault names; a fault counts as found only
+through the checker it names.
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
-import sys
-import textwrap
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, Tuple
 
-
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    pr: str                  # the public fix (and the issue it closed)
-    checker: str             # the checker expected to catch it
-    target: str              # "module:Qualified.name" of the patched function
-    edits: Tuple[Tuple[str, str], ...]   # (exact text, replacement)
-    trigger: str             # what a run needs for the fault to show
-    description: str
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "pr": self.pr, "checker": self.checker,
-                "description": self.description, "trigger": self.trigger,
-                "sites": [self.target]}
-
+from ...faults import Fault, SourcePatch
+from ...faults.patch import installed, merged
 
 FAULTS: Dict[str, Fault] = {}
+
+
+def _patch(name: str, cites: str, checker: str, target: str, edits: Tuple[Tuple[str, str], ...],
+           trigger: str, description: str) -> Fault:
+    """A fault restoring the pre-fix source of ``target`` ("module:Qualified.name"):
+    ``edits`` are (fixed text, pre-fix text) pairs."""
+    return Fault(name, description, cites, checker, trigger, SourcePatch.of(target, *edits))
 
 
 def _register(f: Fault) -> None:
     FAULTS[f.name] = f
 
 
-_register(Fault(
+_register(_patch(
     name="overalloc-leak",
-    pr="sgl-project/sglang#19518 (same class: #12224, #13826)",
+    cites="sgl-project/sglang#19518 (same class: #12224, #13826)",
     checker="kv-accounting",
     target="sglang.srt.mem_cache.common:release_kv_cache",
     edits=(("    _release_overallocated_kv_indices(\n"
@@ -59,9 +49,9 @@ _register(Fault(
         "release_kv_cache does; this fault removes that free from release_kv_cache itself."),
 ))
 
-_register(Fault(
+_register(_patch(
     name="delayed-token-double-free",
-    pr="sgl-project/sglang#12224",
+    cites="sgl-project/sglang#12224",
     checker="kv-accounting",
     target="sglang.srt.managers.scheduler_components.batch_result_processor:"
            "SchedulerBatchResultProcessor.process_batch_result_decode",
@@ -90,9 +80,9 @@ _register(Fault(
         "release_kv_cache, driven by kv_allocated_len, the only release."),
 ))
 
-_register(Fault(
+_register(_patch(
     name="length-before-stop",
-    pr="sgl-project/sglang#33758 (issue #31599)",
+    cites="sgl-project/sglang#33758 (issue #31599)",
     checker="lifecycle",
     target="sglang.srt.managers.schedule_batch:Req.update_finish_state",
     edits=((
@@ -114,9 +104,9 @@ _register(Fault(
 ))
 
 
-_register(Fault(
+_register(_patch(
     name="spec-relay-prefix-filter",
-    pr="sgl-project/sglang#14368 (fix proposed in #14536; same class: #18647)",
+    cites="sgl-project/sglang#14368 (fix proposed in #14536; same class: #18647)",
     checker="sglang-golden",
     target="sglang.srt.speculative.eagle_info:EagleDraftInput.filter_batch",
     edits=tuple((f"        self.{f} = self.{f}[new_indices]\n",
@@ -134,51 +124,15 @@ _register(Fault(
 ))
 
 
-# -- applying -------------------------------------------------------------------------------
-def _resolve(target: str):
-    modname, qual = target.split(":")
-    mod = sys.modules.get(modname)
-    if mod is None:
-        from . import env
-        with env.stubbed():        # SGLang's import needs the stubs of its CUDA-only modules
-            mod = __import__(modname, fromlist=["_"])
-    owner, parts = mod, qual.split(".")
-    for p in parts[:-1]:
-        owner = getattr(owner, p)
-    return mod, owner, parts[-1], owner.__dict__[parts[-1]] if isinstance(owner, type) \
-        else getattr(owner, parts[-1])
-
-
-def patched_function(fault: Fault):
-    """The pre-fix function: the original's source (as indented in its file) with the
-    fault's edits, compiled in the original's module namespace."""
-    mod, owner, attr, orig = _resolve(fault.target)
-    src = inspect.getsource(orig)
-    for old, new in fault.edits:
-        if src.count(old) != 1:
-            raise RuntimeError(f"fault {fault.name}: its edit matches {src.count(old)} times "
-                               f"in {fault.target} (expected once): not SGLang 0.5.23?")
-        src = src.replace(old, new)
-    ns: dict = {}
-    exec(compile(textwrap.dedent(src), f"<overlapcheck fault {fault.name}>", "exec"),
-         mod.__dict__, ns)
-    return owner, attr, orig, ns[attr]
+def _import(module: str):
+    """SGLang's modules import only with the stubs of its CUDA-only modules in place."""
+    from . import env
+    with env.stubbed():
+        return __import__(module, fromlist=["_"])
 
 
 @contextlib.contextmanager
-def applied(names, session=None) -> Iterator[None]:
+def applied(names) -> Iterator[None]:
     """Apply the named faults for the duration of the block."""
-    saved: List[Tuple[object, str, object]] = []
-    try:
-        for name in names:
-            owner, attr, orig, new = patched_function(FAULTS[name])
-            holders = [owner] + [m for n, m in list(sys.modules.items())
-                                 if n.startswith("sglang.") and m is not None and m is not owner
-                                 and getattr(m, "__dict__", {}).get(attr) is orig]
-            for h in holders:
-                saved.append((h, attr, orig))
-                setattr(h, attr, new)
+    with installed(merged(FAULTS[n] for n in names), _import):
         yield
-    finally:
-        for h, attr, orig in reversed(saved):
-            setattr(h, attr, orig)

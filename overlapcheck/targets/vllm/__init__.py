@@ -5,7 +5,7 @@ Modules: ``config`` (``VllmTargetConfig``), ``env`` (version check, environment,
 building the scheduler), ``golden`` (the fake model's token/draft rule), ``runner``
 (the fake V2 model runner), ``session`` (the engine-core loop, choice points),
 ``observe`` (vLLM state -> shared events), ``events`` (target-only events), ``faults``
-and ``patching`` (historical bugs as reverse patches), ``strategies`` (Hypothesis).
+(historical bugs as source patches), ``strategies`` (Hypothesis).
 
 Importing this package does not import vLLM; ``VllmTarget.version()`` and ``open``
 do, and raise ``TargetUnavailable`` (one line naming the install command) when vLLM
@@ -18,9 +18,9 @@ from dataclasses import replace
 from ...protocol.target import Target
 from .config import VllmTargetConfig
 from .env import INSTALL
-from .faults import FAULTS, TargetFault
+from .faults import FAULTS
 
-__all__ = ["VllmTarget", "VllmTargetConfig", "FAULTS", "TargetFault"]
+__all__ = ["VllmTarget", "VllmTargetConfig", "FAULTS"]
 
 
 class VllmTarget(Target):

@@ -1,38 +1,32 @@
 """Target faults: public, fixed vLLM scheduler bugs re-created against vLLM 0.33.0 as
-opt-in reverse patches (``patching.Revert``) that restore the pre-fix code.
+opt-in source patches (``overlapcheck.faults.SourcePatch``) that restore the pre-fix
+code.
 
 Each entry names the fix it reverts (PR and issue), the checker expected to catch it,
 what the fix changed, and the trigger without which the revert is silent. A session
-whose config lists a fault binds the reverted methods to its own scheduler instance
-(nothing else in the process sees them) and drops them when the session ends.
-``FAULTS`` is a constant.
+whose config lists a fault binds the pre-fix methods to its own scheduler instance
+(nothing else in the process sees them) and drops them when the session ends
+(``patches_for``). ``FAULTS`` is a constant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from .patching import Revert
+from ...faults import Fault, FunctionPatch, SourcePatch
+from ...faults.patch import merged
 
-SCHED = "vllm.v1.core.sched.scheduler"
-
-
-@dataclass(frozen=True)
-class TargetFault:
-    name: str
-    pr: str            # the fix reverted (and the issue it fixed)
-    checker: str       # the checker expected to catch it
-    description: str   # what the pre-fix code does, and what the fix changed
-    trigger: str       # what a run needs for the revert to matter
-    reverts: Tuple[Revert, ...]
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "pr": self.pr, "checker": self.checker,
-                "description": self.description, "trigger": self.trigger,
-                "sites": [f"{r.cls}.{r.method}" for r in self.reverts]}
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 
 
-PREEMPT_KEEPS_INFLIGHT = TargetFault(
+def _revert(name: str, pr: str, checker: str, description: str, trigger: str, method: str,
+            *edits) -> Fault:
+    """A fault reverting fix ``pr`` in ``Scheduler.method``: ``edits`` are (fixed text,
+    pre-fix text) pairs."""
+    return Fault(name, description, pr, checker, trigger,
+                 SourcePatch.of(f"{SCHED}.{method}", *edits))
+
+
+PREEMPT_KEEPS_INFLIGHT = _revert(
     "preempt-keeps-inflight-output",
     "vLLM #48245 (reworks #47900; issue #41190)",
     "vllm-placeholders",
@@ -47,8 +41,8 @@ PREEMPT_KEEPS_INFLIGHT = TargetFault(
     "parallel 2) and a pool small enough to preempt a request while two of its batches "
     "are in flight; with one in flight the stale output drains before any resume and "
     "the counters balance (as the #47900 thread observed)",
-    (Revert(SCHED, "Scheduler", "_preempt_request", (
-        ("""
+    "_preempt_request",
+    ("""
         request.drop_stale_output = drop_stale_output or (
             request.drop_stale_output and request.num_stale_output_tokens > 0
         )
@@ -56,9 +50,9 @@ PREEMPT_KEEPS_INFLIGHT = TargetFault(
         request.num_output_placeholders = 0
         """, """
         pass  # pre-#48245: placeholders kept, in-flight output not marked stale
-        """),)),))
+        """))
 
-FREE_IGNORES_FENCE = TargetFault(
+FREE_IGNORES_FENCE = _revert(
     "free-ignores-fence",
     "vLLM #45357 (deferred block free under async scheduling + a KV-consumer connector)",
     "vllm-block-reuse",
@@ -69,11 +63,11 @@ FREE_IGNORES_FENCE = TargetFault(
     "step) and returns them once that step's output is processed.",
     "defer_block_free on (a KV-consumer deployment), a batch queue of 2, a request that "
     "ends while one of its batches is in flight and a pool tight enough to reuse blocks",
-    (Revert(SCHED, "Scheduler", "_free_request_blocks", (
-        ("if self._request_blocks_can_be_freed(request):",
-         "if True:  # pre-#45357: blocks return to the pool at once"),)),))
+    "_free_request_blocks",
+    ("if self._request_blocks_can_be_freed(request):",
+     "if True:  # pre-#45357: blocks return to the pool at once"))
 
-PREEMPT_FENCED_VICTIM = TargetFault(
+PREEMPT_FENCED_VICTIM = _revert(
     "preempt-fenced-victim",
     "vLLM #49675 (issue #49674; vllm-ascend #16315)",
     "vllm-preempt-progress",
@@ -85,16 +79,16 @@ PREEMPT_FENCED_VICTIM = TargetFault(
     "deferred.",
     "defer_block_free on, a batch queue of 2, a pool small enough that a running "
     "request's allocation fails while the victim has a batch in flight",
-    (Revert(SCHED, "Scheduler", "schedule", (
-        ("""
+    "schedule",
+    ("""
                     # A deferred free will not help with immediate allocation.
                     if not self._request_blocks_can_be_freed(preempted_req):
                         break
         """, """
                     pass  # pre-#49675: a fenced victim is preempted all the same
-        """),)),))
+        """))
 
-SCHEDULE_PAST_MAX_TOKENS = TargetFault(
+SCHEDULE_PAST_MAX_TOKENS = _revert(
     "schedule-past-max-tokens",
     "vLLM #27922 ([AsyncScheduling] Don't schedule past request max_tokens)",
     "vllm-overschedule",
@@ -104,8 +98,8 @@ SCHEDULE_PAST_MAX_TOKENS = TargetFault(
     "others. The fix skips a running request when num_computed_tokens + 2 - "
     "num_output_placeholders reaches prompt + max_tokens.",
     "async scheduler with a batch queue of 2 and requests that end by max_tokens",
-    (Revert(SCHED, "Scheduler", "schedule", (
-        ("""
+    "schedule",
+    ("""
             if (
                 request.num_output_placeholders > 0
                 # This is (num_computed_tokens + 1) - (num_output_placeholders - 1).
@@ -123,18 +117,14 @@ SCHEDULE_PAST_MAX_TOKENS = TargetFault(
                 continue
         """, """
             pass  # pre-#27922: no max_tokens check for requests with output in flight
-        """),)),))
+        """))
 
-FAULTS: Dict[str, TargetFault] = {f.name: f for f in (
+FAULTS: Dict[str, Fault] = {f.name: f for f in (
     PREEMPT_KEEPS_INFLIGHT, FREE_IGNORES_FENCE, PREEMPT_FENCED_VICTIM,
     SCHEDULE_PAST_MAX_TOKENS)}
 
 
-def reverts_for(names) -> Tuple[Revert, ...]:
-    """The reverts of the named faults, merged per method (two faults editing the same
-    method are applied as one revert with both edits)."""
-    merged: Dict[tuple, list] = {}
-    for name in names:
-        for rv in FAULTS[name].reverts:
-            merged.setdefault((rv.module, rv.cls, rv.method), []).extend(rv.edits)
-    return tuple(Revert(m, c, f, tuple(e)) for (m, c, f), e in merged.items())
+def patches_for(names) -> Tuple[FunctionPatch, ...]:
+    """The pre-fix methods of the named faults, merged per method (two faults editing
+    the same method are one patch with both edits)."""
+    return merged(FAULTS[n] for n in names)

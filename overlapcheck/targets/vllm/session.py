@@ -31,9 +31,8 @@ from ...protocol.results import RequestResult, RunResult, summarize
 from ...protocol.target import Chooser, Session
 from ...protocol.types import SEEDED
 from ...protocol.workload import Workload
-from . import patching
 from .events import ReqCounters, VllmCounters, VllmFrame, VllmFrameDone, VllmSessionInfo
-from .faults import reverts_for
+from .faults import patches_for
 from .golden import Golden
 from .observe import Tracker
 from .runner import FakeRunner
@@ -75,9 +74,9 @@ class VllmSession(Session):
         self.ended: Dict[int, str] = {}
         self.late: List[int] = []
         self.progress = 0                          # the last step a token was kept or a request ended
-        self.reverts = reverts_for(cfg.faults)
-        for rv in self.reverts:
-            patching.apply(sched, rv)
+        self.patches = patches_for(cfg.faults)
+        for p in self.patches:
+            p.bind(sched)
         self._open = True
 
     @property
@@ -96,8 +95,8 @@ class VllmSession(Session):
         """Drop the faults' patches from the scheduler (idempotent)."""
         if self._open:
             self._open = False
-            for rv in self.reverts:
-                patching.unapply(self.sched, rv)
+            for p in self.patches:
+                p.unbind(self.sched)
 
     def _emit(self, ev) -> None:
         if self.observer is not None:
