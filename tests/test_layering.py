@@ -1,9 +1,10 @@
 """The seams the design promises, checked over the source (docs/design.md §2): the
 protocol imports nothing of the project but the seed streams; the engine imports the
-protocol and no checker, fuzzer, repro, run driver, target or command line; the fake
-models import no engine; no module imports itself through others (the module import
-graph is acyclic) and no two packages import each other; only the device runtime knows
-backend names; every guarded fault site holds its guard; the
+protocol and no checker, fuzzer, repro, run driver, target or command line; the shared
+checkers import the protocol and no engine or target; the fake models import no
+engine; a target imports no other target; no module imports itself through others
+(the module import graph is acyclic) and no two packages import each other; only the
+device runtime knows backend names; every guarded fault site holds its guard; the
 device registry's flags match the runtimes'."""
 import ast
 import collections
@@ -126,9 +127,32 @@ def test_the_engine_imports_the_protocol_and_no_checker_driver_or_target():
     assert not _offenders("overlapcheck.engine", allowed)
 
 
+def test_the_checkers_import_the_protocol_and_no_engine():
+    allowed = ("invariants", "overlapcheck.protocol", "overlapcheck.race")
+    assert not _offenders("invariants", allowed)
+
+
 def test_fake_models_import_no_engine():
     allowed = ("fake_models", "overlapcheck.protocol", "overlapcheck.seeds")
     assert not _offenders("fake_models", allowed)
+
+
+def test_a_target_imports_no_other_target():
+    from overlapcheck.targets import TARGETS
+    homes = {}      # the package each target lives in
+    for name, path in TARGETS.items():
+        mod = path.split(":")[0]
+        is_pkg = any(m.startswith(mod + ".") for m in MODS)
+        homes[name] = mod if is_pkg else mod.rpartition(".")[0]
+    bad = []
+    for name, home in homes.items():
+        for other, there in homes.items():
+            if other == name:
+                continue
+            for m, got in MODS.items():
+                if m == home or m.startswith(home + "."):
+                    bad += [(m, g) for g in got if g == there or g.startswith(there + ".")]
+    assert bad == []
 
 
 def cycles(graph) -> list:

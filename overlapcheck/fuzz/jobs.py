@@ -59,7 +59,7 @@ def _context():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
-                                "overlapcheck.targets.reference", "overlapcheck.engine.tp",
+                                "overlapcheck.engine.target", "overlapcheck.engine.tp",
                                 "overlapcheck.engine.kernels_host", "fake_models",
                                 "fake_models.oracle_host", "invariants.base"])
     return ctx

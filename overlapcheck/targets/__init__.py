@@ -14,7 +14,7 @@ from ..protocol.target import Target
 
 # name -> "module:Class"
 TARGETS: Dict[str, str] = {
-    "reference": "overlapcheck.targets.reference:ReferenceTarget",
+    "reference": "overlapcheck.engine.target:ReferenceTarget",
     "vllm": "overlapcheck.targets.vllm:VllmTarget",
     "sglang": "overlapcheck.targets.sglang:SglangTarget",
 }

@@ -327,7 +327,7 @@ def test_real_forward_is_golden_and_overlap_equals_normal(sglang):
     assert all(len(r.tokens) == 6 for r in out.result.requests.values())
     assert log.count(E.Finished) == 3
     # the checker does judge these tokens: one token changed is a golden violation
-    from invariants.sglang_golden import SglangGolden
+    from overlapcheck.targets.sglang.checkers import SglangGolden
     checker = SglangGolden(golden=LlamaGolden(cfg))
     arrived = [e for e in log.events if isinstance(e, E.Arrived)]
     first = next(e for e in log.events if isinstance(e, E.Prefilled) and e.rid == 0)

@@ -8,8 +8,9 @@ decode included), or with the tiny random Llama (``model: real``). Module map:
 * ``build``: constructing (and keeping) schedulers; ``worker``: the fake workers;
   ``kernels``: CPU equivalents of the scheduler-side Triton kernels of spec decode;
 * ``session``: the loop bodies, choice points and events; ``observe``: SGLang state ->
-  events and snapshots; ``golden``: the fake model's own continuation;
-  ``faults``: historical bugs as opt-in patches; ``strategies``: the fuzzer's cases.
+  events and snapshots; ``golden``: the fake model's own continuation, and
+  ``checkers`` the sglang-golden checker that holds the run to it; ``faults``:
+  historical bugs as opt-in source patches; ``strategies``: the fuzzer's cases.
 
 Nothing here imports SGLang at module import time.
 """
@@ -33,6 +34,7 @@ class SglangTarget(Target):
     config_type = SglangConfig
     case_strategy = "overlapcheck.targets.sglang.strategies:cases"
     case_options = ()
+    checkers = {"sglang-golden": "overlapcheck.targets.sglang.checkers:SglangGolden"}
 
     def version(self) -> str:
         from importlib import metadata

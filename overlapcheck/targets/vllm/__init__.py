@@ -4,8 +4,9 @@
 Modules: ``config`` (``VllmTargetConfig``), ``env`` (version check, environment,
 building the scheduler), ``golden`` (the fake model's token/draft rule), ``runner``
 (the fake V2 model runner), ``session`` (the engine-core loop, choice points),
-``observe`` (vLLM state -> shared events), ``events`` (target-only events), ``faults``
-(historical bugs as source patches), ``strategies`` (Hypothesis).
+``observe`` (vLLM state -> shared events), ``events`` (target-only events), ``checkers``
+(the checkers that read them), ``faults`` (historical bugs as source patches),
+``strategies`` (Hypothesis).
 
 Importing this package does not import vLLM; ``VllmTarget.version()`` and ``open``
 do, and raise ``TargetUnavailable`` (one line naming the install command) when vLLM
@@ -31,6 +32,14 @@ class VllmTarget(Target):
     config_type = VllmTargetConfig
     case_strategy = "overlapcheck.targets.vllm.strategies:cases"
     case_options = ()
+    checkers = {     # they read this target's own events (``events.py``)
+        "vllm-placeholders": "overlapcheck.targets.vllm.checkers.placeholders:VllmPlaceholders",
+        "vllm-golden": "overlapcheck.targets.vllm.checkers.golden:VllmGolden",
+        "vllm-block-reuse": "overlapcheck.targets.vllm.checkers.block_reuse:VllmBlockReuse",
+        "vllm-preempt-progress": "overlapcheck.targets.vllm.checkers.preempt_progress:VllmPreemptProgress",
+        "vllm-overschedule": "overlapcheck.targets.vllm.checkers.overschedule:VllmOverschedule",
+        "vllm-sched-after-end": "overlapcheck.targets.vllm.checkers.sched_after_end:VllmSchedAfterEnd",
+    }
 
     def version(self) -> str:
         from .env import check_version

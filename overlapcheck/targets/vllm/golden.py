@@ -10,7 +10,7 @@ Acceptance is exact: a verify that starts at position ``q`` with ``s`` drafts ac
 the longest run of drafts equal to the golden tokens, plus the bonus token; so the
 accept length of a verify depends only on (request, ``q``, ``s``). Async and sync
 runs therefore give the same tokens, and a checker can recompute every token and
-every accept length from the request alone (``invariants/vllm_golden.py``).
+every accept length from the request alone (``checkers/golden.py``).
 """
 from __future__ import annotations
 

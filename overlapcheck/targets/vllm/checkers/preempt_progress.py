@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import List
 
+from invariants.base import Checker, Violation
 from overlapcheck.protocol import events as E
-
-from .base import Checker, Violation
 
 
 class VllmPreemptProgress(Checker):

@@ -1,5 +1,8 @@
 """The reference engine as a target: overlapcheck's own spec-v2 overlap engine on a
-device runtime (``sim`` or ``cuda``), with the bug zoo's faults."""
+device runtime (``sim`` or ``cuda``), with the bug zoo's faults (``faults.py``), the
+fake models' golden reference (``fake_models.golden``) and the fuzzer's case strategy
+(``overlapcheck.fuzz.strategies``). Its checkers are the shared ones: every event it
+emits is the protocol's."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +48,7 @@ class ReferenceTarget(Target):
 
     @property
     def config_type(self):
-        from ..engine import EngineConfig
+        from .config import EngineConfig
         return EngineConfig
 
     def version(self) -> str:
@@ -66,7 +69,7 @@ class ReferenceTarget(Target):
         return self.config_type(**{"backup_canary": False, **d})
 
     def faults(self) -> dict:
-        from ..engine.faults import FAULTS
+        from .faults import FAULTS
         return FAULTS
 
     def checker_context(self, cfg, device: Optional[str] = None) -> dict:
@@ -106,7 +109,7 @@ class ReferenceTarget(Target):
         GPU device's model calls replay from CUDA graphs (§4.9)."""
         from fake_models import make_model
         from ..device import make_runtime
-        from ..engine import make_engine
+        from .tp import make_engine
         if options:
             raise ValueError(f"unknown run option {sorted(options)[0]!r} for the reference engine")
         if faults:
