@@ -404,6 +404,12 @@ class Engine:
                 "host_pending": host.pending_pages * ps,
                 "host_ledger": host.view(host.ledger_rows, host.ledger_size())}
 
+    def dispose(self) -> None:
+        """Empty this engine (its parts point back at it): a finished run's object graph
+        is then freed by reference counting, not by the cyclic collector
+        (``Session.dispose``). Nothing may use it afterwards."""
+        self.__dict__.clear()
+
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
         """Feed ``workload`` (arrivals and aborts by step) and step until all is done."""

@@ -108,6 +108,11 @@ class Session:
         """Undo what the session changed in its engine (a fault's patch); the driver
         calls it however the run ended."""
 
+    def dispose(self) -> None:
+        """The run is over and nothing will look at its objects again: break their
+        reference cycles so that they are freed at once, not by the cyclic collector
+        (the reference engine and its runtime empty themselves); by default nothing."""
+
 
 class Target:
     """One engine overlapcheck can drive. Subclasses set the class attributes and
