@@ -11,7 +11,12 @@ with the happens-before checkers (stream-race, kv-lifetime) off: a finding by pa
 kv-canary or lifecycle shows the sim really served stale data.
 
     python bench/detect.py [--target NAME] [--seconds 20] [--shrink 10] [--runs 5] [--jobs 2]
-                           [--json detect.json]
+                           [--config FILE.yaml] [--json detect.json]
+
+``--config`` holds a target's config fields fixed in every campaign, as ``fuzz
+--config`` does (``worker: eagle-v2``: SGLang's real spec worker); the faults are then
+those whose patched code the config's worker runs (a fault's ``worker``), unless
+``--fault`` names them.
 
 ``--seconds`` is each campaign's time box, shrinking included (``--shrink``: seconds
 shrinking may run past it). Each worker process runs one small case before its first
@@ -32,7 +37,7 @@ DATA_CHECKERS = ("parity", "kv-canary", "lifecycle")
 RACE_OFF_FAULTS = ("no-war-barrier", "no-copy-done-wait", "single-staging-buffer")
 
 
-def _warm(target: str) -> None:
+def _warm(target: str, config=None) -> None:
     """Pool initializer: import the target's engine and run one small case, so that
     the one-time cost of a process (a real engine's import and first build, 10-40 s
     for SGLang) is paid once per worker and not inside the first campaign's time box.
@@ -42,7 +47,7 @@ def _warm(target: str) -> None:
     from overlapcheck import targets
     from overlapcheck.run import Case, ScheduleSpec, execute
     t = targets.get(target)
-    cfg = t.default_config()
+    cfg = t.config_from_dict(dict(config)) if config else t.default_config()
     try:
         execute(Case(cfg, t.generate(0, 1, cfg), ScheduleSpec("stalls", 0, ()), (), (), target))
     except Exception:  # noqa: BLE001 - a warm-up only: the campaigns report what fails
@@ -51,14 +56,14 @@ def _warm(target: str) -> None:
 
 def _campaign(job: tuple) -> dict:
     """One cold-start campaign; returns its findings, reduced to what the table needs."""
-    name, seed, seconds, checks, shrink, target, known = job
+    name, seed, seconds, checks, shrink, target, known, config = job
     import torch
     torch.set_num_threads(1)
     from overlapcheck.fuzz.campaign import Campaign, Options
     with tempfile.TemporaryDirectory() as out:
         c = Campaign(Options(seconds=seconds, seed=seed, checks=checks, out=out,
                              shrink_seconds=shrink, target=target, known=known,
-                             faults=() if name == CLEAN else (name,))).run()
+                             faults=() if name == CLEAN else (name,), config=config)).run()
         s = c.summary()
     keep = ("checker", "examples_before", "seconds_before", "steps_before", "repro_steps",
             "repro_requests")
@@ -118,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fault", action="append", default=[], help="only these faults")
     ap.add_argument("--known", action="append", default=[], metavar="REPRO|DIR",
                     help="findings the engine is known to have (repros): not counted")
+    ap.add_argument("--config", default=None, metavar="FILE.yaml",
+                    help="config fields held fixed in every campaign (as fuzz --config)")
     ap.add_argument("--json", default="detect.json", help="where the results go")
     args = ap.parse_args(argv)
     from invariants.base import names_for
@@ -132,23 +139,36 @@ def main(argv=None) -> int:
     unknown = [n for n in args.fault if n not in FAULTS]
     if unknown:
         ap.error(f"unknown fault {unknown[0]!r} of target {args.target}")
-    names = args.fault or sorted(FAULTS)
     from overlapcheck.errors import UsageError
+    config = None
+    if args.config:
+        from overlapcheck.run.command import read_config
+        try:
+            config = tuple(sorted(read_config(args.config, target)[0].items()))
+        except UsageError as e:
+            ap.error(str(e))
+    worker = dict(config or ()).get("worker")
+    # vLLM's runner faults run on its real runner (config runner: real), the others not
+    real_runner = dict(config or ()).get("runner") == "real"
+    names = args.fault or sorted(
+        n for n, f in FAULTS.items()
+        if (worker is None or worker in f.extra.get("worker", (worker,)))
+        and ("layer" not in f.extra or (f.extra["layer"] == "runner") == real_runner))
     from overlapcheck.fuzz.command import _known
     try:
         known = _known(args.known, args.target)
     except UsageError as e:
         ap.error(str(e))
-    jobs = [(n, s, args.seconds, (), args.shrink, args.target, known) for n in names + [CLEAN]
-            for s in range(args.runs)]
+    jobs = [(n, s, args.seconds, (), args.shrink, args.target, known, config)
+            for n in names + [CLEAN] for s in range(args.runs)]
     no_race = tuple(c for c in names_for(args.target) if c not in RACE_CHECKERS)
     off = [n for n in RACE_OFF_FAULTS if n in names]
-    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink, args.target, known) for n in off
-             for s in range(args.runs)]
-    with Pool(args.jobs, initializer=_warm, initargs=(args.target,)) as pool:
+    jobs += [(n, 100 + s, args.seconds, no_race, args.shrink, args.target, known, config)
+             for n in off for s in range(args.runs)]
+    with Pool(args.jobs, initializer=_warm, initargs=(args.target, config)) as pool:
         results = pool.map(_campaign, jobs, chunksize=1)
     by = {}
-    for (n, _, _, checks, _, _, _), r in zip(jobs, results):
+    for (n, _, _, checks, _, _, _, _), r in zip(jobs, results):
         by.setdefault((n, bool(checks)), []).append(r)
     rows = []
     for n in names:
@@ -156,7 +176,8 @@ def main(argv=None) -> int:
         rows.append(dict(row, cls=getattr(FAULTS[n], "cls", "")))
     clean = summarize(CLEAN, by[(CLEAN, False)], ())
     race_off = [dict(summarize(n, by[(n, True)], DATA_CHECKERS), cls=FAULTS[n].cls) for n in off]
-    print(_table(rows, f"detection ({args.target} {version}): {args.runs} cold-start campaigns "
+    pinned = f", config {dict(config)}" if config else ""
+    print(_table(rows, f"detection ({args.target} {version}{pinned}): {args.runs} cold-start campaigns "
                        f"of {args.seconds:g} s per fault, all checkers on (found = through the "
                        f"documented checker)"))
     print(f"\nclean engine: {clean['findings_total']} finding(s) in {args.runs} campaigns "
@@ -165,7 +186,7 @@ def main(argv=None) -> int:
         print("\n" + _table(race_off, "stream-race and kv-lifetime off: caught by parity, "
                                       "kv-canary or lifecycle"))
     doc = {"target": args.target, "engine_version": version, "seconds": args.seconds,
-           "runs": args.runs, "faults": rows, "clean": clean,
+           "runs": args.runs, "config": dict(config or ()), "faults": rows, "clean": clean,
            "race_off": race_off, "campaigns": results}
     with open(args.json, "w") as fh:
         json.dump(doc, fh, indent=1)

@@ -42,7 +42,8 @@ import statistics
 import time
 
 from overlapcheck.fuzz.campaign import Options
-from overlapcheck.fuzz.jobs import run_jobs, start_server
+from overlapcheck.fuzz.jobs import start_server
+from overlapcheck.fuzz.workers import run_jobs
 
 
 def _spin(seconds: float) -> float:
@@ -95,7 +96,8 @@ def run_rounds(counts, seconds: float, seed: int, rounds: int) -> list:
         runs = per[jobs]
         rates = [s["steps"] / s["seconds"] for s in runs]
         cpu = [s["steps"] / s["cpu_seconds"] for s in runs if s.get("cpu_seconds")]
-        ratios = [r / (jobs * one) for r, one in zip(rates, ones)] if ones else []
+        # a round whose one-job campaign ran nothing (start-up took its box) has no ratio
+        ratios = [r / (jobs * one) for r, one in zip(rates, ones) if one]
         med = statistics.median
         rows.append({"jobs": jobs, "rounds": len(runs),
                      "seconds": round(med(s["seconds"] for s in runs), 1),

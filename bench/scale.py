@@ -1,15 +1,22 @@
-"""Scale: a step's cost does not grow with the run, the detector's not with the pool, and a
-long run's memory stays bounded (docs/design.md §8). Prints figures; asserts nothing.
+"""Scale: a step's cost does not grow with the run, nor with the queue, the detector's not
+with the pool, and a long run's memory stays bounded (docs/design.md §8). Prints figures;
+asserts nothing.
 
     python bench/scale.py [--requests 10000] [--pool 128] [--gap 2]
-                          [--pools 1024,102400] [--pool-requests 300] [--json FILE]
+                          [--pools 1024,102400] [--pool-requests 300] [--load 100000]
+                          [--only soak,queue,pools,load] [--json FILE]
 
 * soak: one checked run (every checker, parity's reference included, the fuzzer's eager
   schedule, no trace) of ``--requests`` requests arriving every ``--gap`` steps with random
   aborts, on a pool small enough to force retractions; steps/s (per CPU second) of its
   first and last 1,000 steps and their ratio; the process's RSS every 1,000 requests;
+* queue: the same requests all arriving at step 0, so the waiting queue starts
+  ``--requests`` long and drains over the run: the same first/last figures;
 * pools: the same engine on pools of ``--pools`` slots with ``--pool-requests`` requests:
-  CPU per step, and the detector's share of it (time inside the detector core).
+  CPU per step, and the detector's share of it (time inside the detector core);
+* load: ``overlapcheck run --workload`` of a ``--load``-request file (written here, in
+  YAML and in JSON): seconds until the workload is loaded and until the first progress
+  line, and those lines.
 """
 from __future__ import annotations
 
@@ -63,11 +70,19 @@ def workload(n: int, cfg, gap: int, seed: int = 1):
     return Workload(reqs, aborts)
 
 
-def soak(n: int, pool: int, gap: int) -> dict:
+def at_once(wl):
+    """``wl`` with every request arriving at step 0 (aborts at their steps)."""
+    from overlapcheck.protocol.workload import Workload
+    return Workload(tuple(dataclasses.replace(r, arrival=0) for r in wl.requests), wl.aborts)
+
+
+def soak(n: int, pool: int, gap: int, queue: bool = False) -> dict:
     from overlapcheck.engine import EngineConfig
     from overlapcheck.run import Case, ScheduleSpec, execute
     cfg = EngineConfig(pool_tokens=pool, row_width=64, max_running=8)
     wl = workload(n, cfg, gap)
+    if queue:
+        wl = at_once(wl)
     probe = Probe(1000)
     rss0 = rss_mib()
     out = execute(Case(cfg, wl, ScheduleSpec("stalls")), log=probe, trace=False)
@@ -120,6 +135,53 @@ def pool_cost(pool: int, n: int) -> dict:
             "detector_share": round(spent[0] / wall, 3) if wall else None}
 
 
+def load(n: int, seconds: float = 60.0) -> list:
+    """``overlapcheck run --workload FILE`` of ``n`` requests (one every 2 steps), the file
+    in YAML (block style, as PyYAML writes it) and in JSON: per form, the seconds until
+    the run says it has loaded the workload and until its first progress line."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import yaml
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.protocol.workload import dump
+    doc = dump(workload(n, EngineConfig(), 2, seed=3))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for form in ("yaml", "json"):
+            path = os.path.join(tmp, f"w.{form}")
+            with open(path, "w") as fh:
+                if form == "json":
+                    json.dump(doc, fh)
+                else:
+                    yaml.dump(doc, fh, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+            t0 = time.monotonic()
+            p = subprocess.Popen([sys.executable, "-m", "overlapcheck", "run", "--workload", path],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            loaded = first = None
+            lines = []
+            try:
+                for line in p.stderr:
+                    lines.append(line.rstrip())
+                    if loaded is None and line.startswith(f"run: {n} requests"):
+                        loaded = time.monotonic() - t0
+                    if line.startswith("run: step"):
+                        first = time.monotonic() - t0
+                        break
+                    if time.monotonic() - t0 > seconds:
+                        break
+            finally:
+                p.kill()
+                p.wait()
+            rows.append({"requests": n, "form": form,
+                         "file_mib": round(os.path.getsize(path) / 2 ** 20, 1),
+                         "loaded_s": None if loaded is None else round(loaded, 1),
+                         "first_progress_s": None if first is None else round(first, 1),
+                         "lines": lines[:3]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=10000)
@@ -127,29 +189,50 @@ def main() -> None:
     ap.add_argument("--gap", type=int, default=2, help="steps between arrivals")
     ap.add_argument("--pools", default="1024,102400")
     ap.add_argument("--pool-requests", type=int, default=300)
+    ap.add_argument("--load", type=int, default=100000, help="requests of the load test")
+    ap.add_argument("--only", default="soak,queue,pools,load",
+                    help="which parts to run (default all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    only = set(args.only.split(","))
     from overlapcheck.fuzz.jobs import tune_process
     tune_process("sim")
-    pools = [pool_cost(int(p), args.pool_requests) for p in args.pools.split(",") if p]
-    print("pool size: CPU per step and the detector's time per step (same workload)")
-    for r in pools:
-        print(f"  {r['pool']:>7} slots: {r['steps']} steps, {r['cpu_ms_per_step']:.3f} ms CPU/step, "
-              f"detector {r['detector_us_per_step']:.0f} us/step ({r['status']})")
-    s = soak(args.requests, args.pool, args.gap)
-    print(f"soak: {s['requests']} requests, pool {s['pool']} slots, one every {s['gap']} steps: "
-          f"{s['status']}, {s['steps']} steps, {len(s['findings'])} finding(s), "
-          f"{s['aborted']} aborted, {s['retractions']} retractions, {s['cpu_s']} s CPU, "
-          f"{s['wall_s']} s wall")
-    print(f"  steps/s per CPU second: first {s['window']} steps {s['first_steps_per_cpu_s']}, "
-          f"last {s['window']} steps {s['last_steps_per_cpu_s']} (last/first "
-          f"{s['last_over_first']})")
-    print(f"  RSS at start {s['rss_start_mib']} MiB; every 1000 requests (requests, step, MiB):")
-    for arrived, step, mib in s["rss"]:
-        print(f"    {arrived:>6} {step:>7} {mib:>6}")
+    doc = {}
+    if "pools" in only:
+        pools = doc["pools"] = [pool_cost(int(p), args.pool_requests)
+                                for p in args.pools.split(",") if p]
+        print("pool size: CPU per step and the detector's time per step (same workload)")
+        for r in pools:
+            print(f"  {r['pool']:>7} slots: {r['steps']} steps, {r['cpu_ms_per_step']:.3f} ms "
+                  f"CPU/step, detector {r['detector_us_per_step']:.0f} us/step ({r['status']})")
+    for part in ("soak", "queue"):
+        if part not in only:
+            continue
+        s = doc[part] = soak(args.requests, args.pool, args.gap, queue=part == "queue")
+        when = "all at step 0" if part == "queue" else f"one every {s['gap']} steps"
+        print(f"{part}: {s['requests']} requests, pool {s['pool']} slots, {when}: "
+              f"{s['status']}, {s['steps']} steps, {len(s['findings'])} finding(s), "
+              f"{s['aborted']} aborted, {s['retractions']} retractions, {s['cpu_s']} s CPU, "
+              f"{s['wall_s']} s wall")
+        print(f"  steps/s per CPU second: first {s['window']} steps {s['first_steps_per_cpu_s']}, "
+              f"last {s['window']} steps {s['last_steps_per_cpu_s']} (last/first "
+              f"{s['last_over_first']}; CPU per step last/first "
+              f"{round(1 / s['last_over_first'], 3)})")
+        print(f"  RSS at start {s['rss_start_mib']} MiB; every 1000 requests (requests, step, "
+              f"MiB):")
+        for arrived, step, mib in s["rss"]:
+            print(f"    {arrived:>6} {step:>7} {mib:>6}")
+    if "load" in only:
+        doc["load"] = load(args.load)
+        for r in doc["load"]:
+            print(f"load: run --workload of {r['requests']} requests, {r['file_mib']} MiB of "
+                  f"{r['form'].upper()}: loaded after {r['loaded_s']} s (the command's start "
+                  f"included), first progress line after {r['first_progress_s']} s")
+            for line in r["lines"]:
+                print(f"  {line}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"pools": pools, "soak": s}, fh, indent=1)
+            json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ token rule the whole oracle family shares, the targets' fake models included, is
 from .oracle import OracleModel
 from .tiny import TinyModel
 
-__all__ = ["OracleModel", "TinyModel", "MODELS", "kv_tagged", "make_model"]
+__all__ = ["OracleModel", "TinyModel", "MODELS", "kv_tagged", "make_model", "vocab_of"]
 
 
 # the models built here, by name: (class, its arguments)
@@ -40,6 +40,19 @@ def kv_tagged(name: str) -> bool:
     oracle's do; the tiny and real-architecture models' hold keys and values only."""
     cls = _BUILT.get(name, (None,))[0]
     return getattr(cls, "kv_tag_columns", None) is not None
+
+
+def vocab_of(name: str):
+    """The vocabulary size of model ``name`` built by its name alone (``make_model``),
+    without building it: the oracle's and the tiny model's; None for the models read
+    from weights (``trained``, ``hf:DIR``, ``random:NAME``: their built model's
+    ``vocab`` says)."""
+    import inspect
+    cls = _BUILT.get(name, (None,))[0]
+    if cls is None:
+        return None
+    default = inspect.signature(cls.__init__).parameters.get("vocab")
+    return None if default is None else default.default
 
 
 def make_model(name: str, **kw):

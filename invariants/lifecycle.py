@@ -2,6 +2,11 @@
 output <= max_new_tokens; a stop token inside an accept run cuts the run there and
 finishes the request with reason ``stop``.
 
+A run not cut at its stop token is reported when the request ends (or at the end of
+the step, if it does not), its site naming how it ended — ``("stop-not-cut",
+"length")`` and ``("stop-not-cut", "abort")`` are different bugs (a length-first finish
+order; an abort taken before the verify's result), which must not share a finding id.
+
 States come from the per-step snapshots (a request may pass several states within one
 step, so a change is legal when the transition graph reaches it; nothing leaves
 finished/aborted); tokens and ends from ``Prefilled``/``Verified``/``Finished``/
@@ -43,6 +48,9 @@ class Lifecycle(Checker):
         self.stopped: Dict[int, int] = {}      # rid -> step its stop token was kept, awaiting Finished
         self.overrun: Set[int] = set()         # kept a stop token, did not finish that step
         self.noted: Set[int] = set()           # already reported for tokens after their end
+        # rid -> (the verify's iteration and batch, its run, the stop's index): reported
+        # when the request ends (plain values: a run's one-loop handler keeps the same state)
+        self.uncut: Dict[int, Tuple[int, int, tuple, int]] = {}
         # per request with a spec, until it ends or keeps a stop token: (its kept tokens,
         # max_new_tokens, its stop ids or None) -- the one lookup a verify's common case makes
         self.open: Dict[int, Tuple[List[int], int, Optional[frozenset]]] = {}
@@ -84,9 +92,7 @@ class Lifecycle(Checker):
         v: List[Violation] = []
         stops = [i for i, t in enumerate(tokens) if t in spec.stop_ids]
         if stops and stops[0] < len(tokens) - 1:
-            v += self._v(ev, rid, f"request {rid}: accept run not cut at its stop token",
-                         f"the run ends at stop token {tokens[stops[0]]} (index {stops[0]})",
-                         f"tokens {list(tokens)} kept", "stop-not-cut")
+            self.uncut.setdefault(rid, (ev.iteration, ev.batch, tuple(tokens), stops[0]))
         if stops:
             self.stopped[rid] = ev.iteration
             self.open.pop(rid, None)
@@ -128,8 +134,17 @@ class Lifecycle(Checker):
             v += [(ev.position(i), x) for x in self._keep(ev, rid, tokens)]
         return v
 
+    def _uncut(self, rid: int, ending: str) -> List[Violation]:
+        iteration, batch, tokens, i = self.uncut.pop(rid)
+        return [Violation(self.name, iteration,
+                          f"request {rid}: accept run not cut at its stop token",
+                          f"the run ends at stop token {tokens[i]} (index {i})",
+                          f"tokens {list(tokens)} kept ({ending})", ("stop-not-cut", ending),
+                          {"rid": rid, "batch": batch})]
+
     def _end(self, ev, how: str, reason: str) -> List[Violation]:
-        rid, v = ev.rid, []
+        rid = ev.rid
+        v = self._uncut(rid, reason) if rid in self.uncut else []
         if rid in self.ended:
             return self._v(ev, rid, f"request {rid} {how} after it {self.ended[rid]}",
                            "one end per request", f"{how} ({reason})", "ended-twice")
@@ -155,6 +170,8 @@ class Lifecycle(Checker):
 
     def on_StepEnd(self, ev: E.StepEnd) -> List[Violation]:
         v: List[Violation] = []
+        for rid in list(self.uncut):        # kept its stop token and went on
+            v += self._uncut(rid, "live")
         for rid in [r for r, step in self.stopped.items() if step <= ev.iteration]:
             del self.stopped[rid]
             self.overrun.add(rid)

@@ -8,8 +8,14 @@ same workload (docs/design.md §5.2).
   verifies that rode a batch after the finish was known are dropped by the engine and
   never compared; retraction is invisible (it changes neither).
 
+An output that runs past the reference's is reported when the request ends, its site
+naming how it ended (``("length", "abort")``, ``("length", "length")``, ...): the same
+symptom from different bugs gets different finding ids.
+
 Context: ``reference`` (the reference ``RunResult``; without it this checker is idle)
-and ``parity_accept`` (default True; False for a no-spec reference: tokens only).
+and ``parity_accept`` (default True; False for a no-spec reference: tokens only;
+``"unretracted"`` where a retraction shifts later verifies, as SGLang's re-prefill
+does: accept lengths of a request until either run retracts it).
 """
 from __future__ import annotations
 
@@ -29,11 +35,30 @@ class Parity(Checker):
         super().__init__()
         self.ref = reference.requests if reference is not None else None
         self.idle = self.ref is None
-        self.accept = parity_accept
+        self.accept = bool(parity_accept)
+        # requests whose accept lengths are no longer comparable (parity_accept
+        # "unretracted": retracted in either run)
+        self.unaligned: Set[int] = set()
+        self.until_retract = parity_accept == "unretracted"
+        if self.until_retract and self.ref is not None:
+            self.unaligned = {rid for rid, r in self.ref.items() if r.retractions}
         # per request that kept tokens: [how many so far, the reference's tokens, its
         # accept lengths] (one lookup for a verify's common case)
         self.cursor: Dict[int, list] = {}
         self.diverged: Set[int] = set()
+        # rid -> (event, what the reference had, the extra token): reported at its end
+        self.overran: Dict[int, Tuple[object, str, str]] = {}
+
+    def _ref_accepts(self, rid: int, ref) -> tuple:
+        return () if rid in self.unaligned else ref.accept_lens
+
+    def on_Retracted(self, ev: E.Retracted):
+        if self.until_retract:
+            self.unaligned.add(ev.rid)
+            cur = self.cursor.get(ev.rid)
+            if cur is not None:
+                cur[2] = ()
+        return []
 
     def _v(self, ev, rid: int, msg: str, expected: str, seen: str, kind: str) -> List[Violation]:
         self.diverged.add(rid)
@@ -52,7 +77,7 @@ class Parity(Checker):
     def _tokens(self, ev, rid: int, ref, tokens) -> List[Violation]:
         cur = self.cursor.get(rid)
         if cur is None:
-            cur = self.cursor[rid] = [0, ref.tokens, ref.accept_lens]
+            cur = self.cursor[rid] = [0, ref.tokens, self._ref_accepts(rid, ref)]
         p = cur[0]
         if ref.tokens[p:p + len(tokens)] == tokens:
             cur[0] = p + len(tokens)           # nearly every result: the reference's next tokens
@@ -65,10 +90,10 @@ class Parity(Checker):
                                    f"token {ref.tokens[p]} at position {p} (reference)",
                                    f"token {tok}", "token")
             elif ref.finish_reason != ABORT:
-                return self._v(ev, rid, f"output runs past the reference's {len(ref.tokens)} "
-                               f"tokens ({ref.finish_reason})",
-                               f"{len(ref.tokens)} tokens, then '{ref.finish_reason}'",
-                               f"token {tok} at position {p}", "length")
+                self.diverged.add(rid)
+                self.overran[rid] = (ev, f"{len(ref.tokens)} tokens, then "
+                                         f"'{ref.finish_reason}'", f"token {tok} at position {p}")
+                return []
             p += 1
         return []
 
@@ -112,14 +137,30 @@ class Parity(Checker):
         ref = self.ref.get(ev.rid)
         if ref is None:
             return self._append(ev, ev.rid, ev.tokens)
-        if (self.accept and ev.index < len(ref.accept_lens)
-                and ref.accept_lens[ev.index] != ev.accept_len):
+        accepts = self._ref_accepts(ev.rid, ref)
+        if (self.accept and ev.index < len(accepts)
+                and accepts[ev.index] != ev.accept_len):
             return self._v(ev, ev.rid, f"accept length of verify #{ev.index} differs from the "
                            f"reference", f"accept length {ref.accept_lens[ev.index]} (reference)",
                            f"accept length {ev.accept_len}", "accept-length")
         return self._tokens(ev, ev.rid, ref, ev.tokens)
 
+    def _overran(self, rid: int, ending: str) -> List[Violation]:
+        ev, expected, seen = self.overran.pop(rid)
+        return [Violation(self.name, ev.iteration,
+                          f"request {rid}: output runs past the reference's ({expected})",
+                          expected, f"{seen} ({ending})", ("length", ending),
+                          {"rid": rid, "batch": ev.batch})]
+
+    def on_Aborted(self, ev: E.Aborted):
+        return self._overran(ev.rid, ABORT) if ev.rid in self.overran else []
+
+    def on_RunEnd(self, ev: E.RunEnd):
+        return [v for rid in sorted(self.overran) for v in self._overran(rid, "live")]
+
     def on_Finished(self, ev: E.Finished):
+        if ev.rid in self.overran:
+            return self._overran(ev.rid, ev.reason)
         if self.ref is None or ev.rid in self.diverged:
             return []
         ref = self.ref.get(ev.rid)

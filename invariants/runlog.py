@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import IO, List, Optional, Union
 
@@ -102,6 +103,8 @@ class Log:
 def read_log(path: str, partial: bool = False) -> Log:
     """Read and validate a run log. Without ``partial``, a log that lacks its end
     record is refused as truncated."""
+    if os.path.exists(path) and not os.path.isfile(path):    # a folder, a pipe: never read
+        raise LogError(f"cannot read {path}: not a regular file")
     try:
         with open(path, "r", encoding="utf-8") as f:
             text = f.read()

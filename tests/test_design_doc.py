@@ -9,7 +9,8 @@ the project, is a name, resolved over the source (no import): a module, then a c
 function or assignment in it, then a member of that class (method, attribute, field).
 A token starting with one of the variables the document uses for instances (``rt.``,
 ``cfg.``, ``model.`` ...) or with an outside library (``torch.``) names no code of
-ours and is skipped, as are commands, flags and single words."""
+ours and is skipped, as are a path into a pinned engine's own source (``vllm/...``,
+``sglang/...``), a rate (``checked/s``), commands, flags and single words."""
 import ast
 import glob
 import os
@@ -25,6 +26,8 @@ SUFFIXES = (".py", ".md", ".yml", ".yaml", ".txt", ".sh", ".json", ".toml")
 NOT_OURS = {"rt", "s", "e", "t", "buf", "cfg", "model", "head", "self", "torch", "nn", "tl",
             "np", "triton", "req", "sp", "hypothesis", "dev", "batch", "session", "target",
             "out", "ev", "case", "spec", "x", "os", "sys", "vllm", "sglang", "transformers"}
+# the pinned engines whose source a document cites by path
+ENGINES = {"vllm", "sglang"}
 
 
 def _text(doc: str = DOC) -> str:
@@ -146,6 +149,8 @@ def _kind(token: str):
     if "/" in t or t.endswith(SUFFIXES):
         if t.startswith(("http", "/", "~")) or "{" in t or t.startswith("."):
             return None
+        if t.split("/")[0] in ENGINES or t.endswith("/s"):
+            return None             # the engine's own source; a rate
         if "/" not in t and t.endswith(".json"):
             return None             # a file a command writes (summary.json)
         return ("path", t)

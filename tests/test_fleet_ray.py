@@ -75,6 +75,12 @@ def test_a_killed_worker_is_rerun_then_reported_and_nothing_hangs(tmp_path):
     reader.join(10)
     out = p.stdout.read()
     text = "".join(lines) + out
+    # on a loaded machine Ray may start the rerun when the box has ended: it then runs
+    # nothing (a campaign's box holds whatever its start-up took) and ends before the kill
+    late = re.search(r"\[slice 0\] \[ *[\d.]+s\] examples 0,", text)
+    if late and "(rerun: its worker was lost)" in text and "[slice 0] lost: " not in text:
+        assert p.returncode == 0 and wall < box + 30, (p.returncode, wall)
+        return
     assert "[slice 0] lost: " in text, text
     if len(killed) == 1:
         # on a loaded machine Ray may not start the rerun's worker before the box ends:

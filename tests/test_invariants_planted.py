@@ -175,8 +175,11 @@ def test_parity_names_request_token_and_verify_index():
 def test_parity_accepts_an_aborted_prefix_and_flags_a_longer_output():
     ref = RunResult({0: RequestResult(0, (4, 5), "length", (2,), 0)}, None)
     evs = [E.Prefilled(0, 0, 0, 4, False), E.Verified(1, 1, 0, 0, 2, (5, 6), False)]
-    (v,) = _feed("parity", evs, reference=ref)
-    assert v.site == ("length",) and "2 tokens" in v.expected
+    assert _feed("parity", evs, reference=ref) == []           # reported when it ends
+    (v,) = _feed("parity", evs + [E.Finished(1, 1, 0, "length", (4, 5, 6))], reference=ref)
+    assert v.site == ("length", "length") and "2 tokens" in v.expected and v.step == 1
+    (v,) = _feed("parity", evs + [E.Aborted(2, -1, 0, (4, 5, 6))], reference=ref)
+    assert v.site == ("length", "abort")
     ref = RunResult({0: RequestResult(0, (4, 5, 6, 7), "stop", (2, 1), 0)}, None)
     assert _feed("parity", evs[:1] + [E.Aborted(1, 0, 0, (4,))], reference=ref) == []
 
@@ -244,4 +247,14 @@ def test_lifecycle_synthetic_stop_inside_run_and_wrong_reason():
            E.Verified(1, 1, 0, 0, 3, (5, 6, 7), False), E.Finished(1, 1, 0, "length", (2, 5, 6, 7))]
     got = _feed("lifecycle", evs)
     assert [v.site[0] for v in got] == ["stop-not-cut", "finish-reason"]
+    assert got[0].site == ("stop-not-cut", "length") and got[0].step == 1
     assert "stop token 5 (index 0)" in got[0].expected
+    # an abort taken before the verify's result: the same symptom, another bug
+    aborted = evs[:3] + [E.Aborted(1, 1, 0, (2, 5, 6, 7))]
+    assert [v.site for v in _feed("lifecycle", aborted)] == [("stop-not-cut", "abort")]
+    # a request that goes on after the uncut run: reported at the end of the step
+    snap = E.Snapshot(total=0, free=0, owned=0, pending=0, ledger=(), pending_slots=(),
+                      requests=(), inflight=(), rows_free=0, idle=False, syncs=0,
+                      declared_syncs=0)
+    live = evs[:3] + [E.StepEnd(1, -1, snap)]
+    assert ("stop-not-cut", "live") in [v.site for v in _feed("lifecycle", live)]

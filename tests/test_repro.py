@@ -55,8 +55,10 @@ def test_cli_replay_exit_codes(tmp_path):
     r.choices = r.choices[:5]
     save(r, path)
     assert run("replay", path).returncode == 3
+    # a diverging run's trace is not the repro's run: said, exit 3, nothing written
     trace = run("trace", path, "-o", str(tmp_path / "t.json"))
-    assert trace.returncode == 0 and os.path.exists(tmp_path / "t.json")
+    assert trace.returncode == 3 and "diverged" in trace.stdout
+    assert not os.path.exists(tmp_path / "t.json")
 
 
 def _one_line_exit_2(path, capsys):

@@ -58,12 +58,31 @@ def test_live_holds_every_request_whose_state_can_change():
         live = {r.rid: r for r in s.live}
         assert [r.rid for r in s.live] == sorted(live)
         for r in s.requests:
-            if r.rid not in live:        # settled earlier: ended, no batch, unchanged
-                assert r.state in ("finished", "aborted") and not r.inflight
+            if r.rid not in live:        # settled or parked earlier: unchanged since
+                assert r.state in ("finished", "aborted", "waiting") and not r.inflight
+                assert r.state != "waiting" or (r.row is None and r.allocated == 0)
                 assert before[r.rid] == r
             else:
                 assert live[r.rid] == r
         before = {r.rid: r for r in s.requests}
+
+
+def test_queued_requests_leave_the_snapshot_delta_until_they_leave_the_queue():
+    """Every request arriving at step 0: the waiting ones are reported once, then parked
+    (a step's snapshot costs what can change, not the queue's length), and each comes
+    back the step it is admitted or torn down; every snapshot still reads every request."""
+    keep = Keep()
+    wl = _wl(n=60, seed=5)
+    wl = Workload(tuple(dataclasses.replace(r, arrival=0) for r in wl.requests), wl.aborts)
+    execute(Case(CFG, wl, ScheduleSpec("random", 4)), log=keep)
+    assert max(len(s.live) for s in keep.snaps[2:]) <= 2 * CFG.max_running + 4
+    states = {}
+    for s, (_, _, reqs) in zip(keep.snaps, keep.seen):
+        assert len(reqs) == 60 and reqs == s.requests
+        for r in s.live:
+            states.setdefault(r.rid, []).append(r.state)
+    for rid, seen in states.items():   # every change of state is in the delta, in order
+        assert seen[-1] in ("finished", "aborted"), (rid, seen)
 
 
 @pytest.mark.parametrize("fault", ["no-war-barrier", "index-no-record-stream",

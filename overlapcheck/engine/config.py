@@ -5,7 +5,7 @@ state, never here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from .drafts import check_kind
 from .faults import check_names
@@ -186,6 +186,24 @@ class EngineConfig:
         """Allocatable pages (page 0 is the padding page)."""
         return self.pool_tokens // self.page_size - 1
 
+    def footprint(self, kv_width: int = 3) -> int:
+        """Bytes an engine of this config holds at least, before its first step, every
+        rank together: the target and draft KV pools (int64 rows of ``kv_width``, the
+        oracle's 3 unless a model says more) and the KV backup's host pool, a Python int
+        per page of the free list, the request->token tables, the FutureMap's slots (the
+        ring's: ``future_map.ring_limit``) and the double-buffered pinned staging. A
+        lower bound: commands refuse a config whose footprint the machine cannot hold
+        (``overlapcheck.resources``) before anything is allocated."""
+        i64 = 8
+        kv = self.pool_tokens * kv_width * i64 * (3 if self.kv_backup else 2)
+        free_list = self.pages * 36
+        tables = self.max_running * self.row_width * i64 * 2
+        chunks = -(-self.max_context // self.chunk_size)
+        future = self.max_running * (3 + chunks if self.future_map == "ring" else 1) * i64 * 4
+        staging = 2 * i64 * (self.staged_cells * 3 + self.chunk_size * 4
+                             + self.max_running * (16 + self.num_draft_tokens * 2))
+        return self.tp * (kv + free_list + tables + future + staging)
+
     @property
     def staged_cells(self) -> int:
         """Rows of the pinned request->token cell staging buffers: the pool's slots, or,
@@ -202,3 +220,19 @@ class EngineConfig:
         else:
             cells = min(self.pool_tokens, max(4096, self.max_running ** 2 * self.row_width))
         return cells + (self.max_running * self.row_width if self.prefix_cache else 0)
+
+
+SIZES = ("pool_tokens", "max_running", "row_width", "chunk_size", "tp")
+
+
+def largest_size(cfg: EngineConfig, kv_width: int = 3) -> str:
+    """The size field of ``cfg`` that its footprint owes most to: the one whose default
+    would shrink it most (a config too large for the machine names it)."""
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+
+    def without(name: str) -> int:
+        try:
+            return replace(cfg, **{name: defaults[name]}).footprint(kv_width)
+        except ValueError:      # the default does not fit the other sizes: scale instead
+            return cfg.footprint(kv_width) * defaults[name] // max(getattr(cfg, name), 1)
+    return min(SIZES, key=without)

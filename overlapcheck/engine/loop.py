@@ -9,7 +9,7 @@ unprocessed batch, else when the last such batch is processed.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..device import StuckWait
 from ..protocol import canary as C
@@ -17,7 +17,7 @@ from ..protocol import events as E
 from ..protocol.results import RequestResult, RunResult, summarize
 from ..protocol.target import EngineStuck
 from ..protocol.types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
-                              RUNNING, STOP, RequestSpec)
+                              RUNNING, STOP, WAITING, RequestSpec)
 from .accounting import Memory
 from .buffers import DeviceState
 from .config import EngineConfig
@@ -48,9 +48,12 @@ class Engine:
         self._reported = 0      # race reports already delivered as events
         self.requests: Dict[int, Request] = {}
         # requests whose state may still change (not ended, or riding a batch), and the
-        # states of those that settled, in the order they did (snapshot)
+        # states of those that settled, in the order they did (snapshot); requests parked
+        # in the waiting queue, their state as last reported, until they leave it
         self._unsettled: Dict[int, Request] = {}
         self._settled: List[E.ReqState] = []
+        self._parked: Dict[int, E.ReqState] = {}
+        self._park_log: List[Tuple[int, Optional[E.ReqState]]] = []   # (rid, state | None)
         if rt.graphs:   # cuda graphs: model calls replay once every long-lived buffer exists
             model = GraphedModel(model)
         self.dev = DeviceState(rt, cfg, model.kv_width, getattr(model, "kv_dtype", None))
@@ -357,27 +360,48 @@ class Engine:
 
     def snapshot(self) -> E.Snapshot:
         """The step's ``Snapshot``, at a cost that follows what can have changed: the
-        pool-sized ledger fields and the run-sized request list are computed when read
-        (docs/design.md §5.1)."""
+        pool-sized ledger fields and the run-sized request list are computed when read,
+        and a request waiting with nothing held is reported once, then parked until it
+        leaves the queue (docs/design.md §5.1)."""
         kv, ps, req_state = self.mem.kv, self.cfg.page_size, E.ReqState
-        live, unsettled = [], self._unsettled
-        settled_before = len(self._settled)
+        live, unsettled, parked, log = [], self._unsettled, self._parked, self._park_log
+        for rid in self.sched.take_dequeued():      # admitted or torn down: may change now
+            if parked.pop(rid, None) is not None:
+                unsettled[rid] = self.requests[rid]
+                log.append((rid, None))
+        settled_before, parked_before = len(self._settled), len(log)
         for rid in sorted(unsettled):
             r = unsettled[rid]
             inflight = tuple(r.inflight)
-            live.append(req_state(rid, r.state, r.row, r.committed, len(r.pages) * ps,
-                                  len(r.output), inflight))
-            if not inflight and r.state in (FINISHED, ABORTED):   # settled: its state is final
-                del unsettled[rid]
-                self._settled.append(live[-1])
+            st = req_state(rid, r.state, r.row, r.committed, len(r.pages) * ps,
+                           len(r.output), inflight)
+            live.append(st)
+            if not inflight:
+                if r.state in (FINISHED, ABORTED):   # settled: its state is final
+                    del unsettled[rid]
+                    self._settled.append(st)
+                elif r.state == WAITING and r.row is None and not r.pages:
+                    # nothing changes a queued request until it leaves the queue
+                    del unsettled[rid]
+                    parked[rid] = st
+                    log.append((rid, st))
         live = tuple(live)
         settled = self._settled
+
+        def every_request() -> list:
+            waiting: Dict[int, E.ReqState] = {}    # parked before this step, still parked
+            for rid, st in log[:parked_before]:
+                if st is None:
+                    del waiting[rid]
+                else:
+                    waiting[rid] = st
+            return sorted(settled[:settled_before] + list(waiting.values()) + list(live),
+                          key=_rid)
         return E.Snapshot(
             total=kv.total * ps, free=kv.free_pages * ps, owned=len(kv.owned) * ps,
             pending=kv.pending_pages * ps, ledger=kv.view(kv.ledger_rows),
             pending_slots=kv.view(kv.pending_slots),
-            requests=E.LazyTuple(lambda: sorted(settled[:settled_before] + list(live),
-                                                key=_rid)),
+            requests=E.LazyTuple(every_request),
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
             page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
@@ -411,8 +435,11 @@ class Engine:
         self.__dict__.clear()
 
     # -- a whole workload ------------------------------------------------------------------
-    def run(self, workload, max_steps: Optional[int] = None) -> RunResult:
-        """Feed ``workload`` (arrivals and aborts by step) and step until all is done."""
+    def run(self, workload, max_steps: Optional[int] = None,
+            tick: Optional[Callable[[int], None]] = None) -> RunResult:
+        """Feed ``workload`` (arrivals and aborts by step) and step until all is done;
+        ``tick(step)`` after each step, where the caller wants to hear of a long run
+        without observing it (it may raise to end the run)."""
         arrivals: Dict[int, List[RequestSpec]] = {}
         for spec in workload.requests:
             arrivals.setdefault(spec.arrival, []).append(spec)
@@ -437,6 +464,8 @@ class Engine:
             except StuckWait as e:
                 self._emit(E.Stalled(self.iteration, -1, "wait", str(e)))
                 raise
+            if tick is not None:
+                tick(self.iteration)
         res = self.result()
         self._emit(E.RunEnd(self.iteration, -1, res))
         return res

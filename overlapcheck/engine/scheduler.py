@@ -7,6 +7,7 @@ can be admitted, else a decode batch.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import Dict, List, Optional
 
 from ..protocol import events as E
@@ -24,6 +25,8 @@ class Scheduler:
         self.cfg, self.mem, self.requests, self.emit = cfg, mem, requests, emit
         self.waiting: List[int] = []      # FCFS by (arrival, rid)
         self.admitted: List[int] = []     # prefilling or running, in admission order
+        # left the waiting queue since ``take_dequeued`` (None: nobody asks, none kept)
+        self.dequeued: Optional[List[int]] = None
         self.retractions = 0
         self.faults = FaultSet(cfg.faults)
         drafter = drafter_class(cfg.draft_kind) if cfg.spec else None
@@ -38,21 +41,32 @@ class Scheduler:
         self._ahead = cfg.step_tokens if zb else 0
 
     # -- queues ---------------------------------------------------------------------------
+    # The waiting queue is kept sorted by (arrival, rid), so that a request enters it and
+    # leaves it by bisection: with every request of a large workload waiting at once, a
+    # scan per arrival and per teardown made a run quadratic in its length.
     def enqueue(self, req: Request) -> None:
-        key = (req.spec.arrival, req.rid)
-        i = 0
-        while i < len(self.waiting) and self._key(self.waiting[i]) < key:
-            i += 1
-        self.waiting.insert(i, req.rid)
+        insort(self.waiting, req.rid, key=self._key)
 
     def _key(self, rid: int):
         r = self.requests[rid]
         return (r.spec.arrival, r.rid)
 
     def forget(self, req: Request) -> None:
-        for q in (self.waiting, self.admitted):
-            if req.rid in q:
-                q.remove(req.rid)
+        if req.rid in self.admitted:          # max_running entries at most
+            self.admitted.remove(req.rid)
+        if self.waiting:
+            i = bisect_left(self.waiting, self._key(req.rid), key=self._key)
+            if i < len(self.waiting) and self.waiting[i] == req.rid:
+                del self.waiting[i]
+                if self.dequeued is not None:
+                    self.dequeued.append(req.rid)
+
+    def take_dequeued(self) -> List[int]:
+        """The requests that left the waiting queue (admitted or torn down) since the last
+        call, which starts keeping them (the engine's snapshot wakes them:
+        ``Engine.snapshot``)."""
+        out, self.dequeued = self.dequeued or [], []
+        return out
 
     # -- decode reserve -------------------------------------------------------------------
     def reserve_tokens(self, req: Request) -> int:
@@ -135,6 +149,8 @@ class Scheduler:
                     self.mem.drop_prefix(node)
                 break
             self.waiting.pop(0)
+            if self.dequeued is not None:
+                self.dequeued.append(r.rid)
             self.admitted.append(r.rid)
             r.state, r.prefill_len, r.prefilled = PREFILLING, len(toks), 0
             self.mem.assign_row(r, it, bid)

@@ -36,8 +36,8 @@ class ReferenceSession(Session):
     def races(self) -> list:
         return self.runtime.reports
 
-    def run(self, workload, max_steps: Optional[int] = None):
-        return self.engine.run(workload, max_steps=max_steps)
+    def run(self, workload, max_steps: Optional[int] = None, tick=None):
+        return self.engine.run(workload, max_steps=max_steps, tick=tick)
 
     def dispose(self) -> None:
         """Empty the engine and the runtime (their parts point back at them): in a

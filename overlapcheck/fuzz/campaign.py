@@ -37,6 +37,11 @@ try:   # where Hypothesis keeps the literals it mixes into draws (``fixed_consta
     from hypothesis.internal.constants_ast import Constants as _Constants
 except ImportError:     # another Hypothesis layout: nothing to pin
     _providers = _Constants = None
+try:   # the order in which Hypothesis keeps the smaller of two failing examples
+    from hypothesis.control import current_build_context as _build_context
+    from hypothesis.internal.conjecture.shrinker import sort_key as _sort_key
+except ImportError:     # another Hypothesis layout: the latest failing case is kept
+    _build_context = _sort_key = None
 try:   # the runner's step that follows a generated example with copies of it (``no_mutations``)
     from hypothesis.internal.conjecture.engine import ConjectureRunner as _Runner
 except ImportError:     # another Hypothesis layout: nothing to turn off
@@ -75,8 +80,16 @@ class Options:
     # (checker, site) keys of findings already known (``--known`` repros): they neither
     # fail an example nor are reported, so a campaign looks for other bugs
     known: frozenset = frozenset()
-    on_finding: Optional[Callable[["Found"], None]] = None   # each finding, once recorded
+    # each finding as it is written: when first seen, and each time a smaller case of it
+    # replaces its repro (the same ``Found``, updated)
+    on_finding: Optional[Callable[["Found"], None]] = None
+    # asked before each example and at each step: a reason to stop now (a signal's name)
+    # or None; the campaign then ends as at the end of its time box
+    stop: Optional[Callable[[], Optional[str]]] = None
+    on_stats: Optional[Callable[["Stats"], None]] = None   # the figures, about once a second
     graphs: bool = False   # a GPU device: model calls replay from CUDA graphs (§4.9)
+    # a target's config fields held fixed (``fuzz --config``): ((field, value), ...)
+    config: Optional[tuple] = None
 
 
 @dataclass
@@ -118,6 +131,46 @@ class Found:
 class _TimeUp(BaseException):
     """The campaign's time box ran out in the middle of a Hypothesis run: it stops at
     once (a ``BaseException``, so Hypothesis does not take it for a failure)."""
+
+
+class _Stopped(BaseException):
+    """The campaign was asked to stop (``Options.stop``: a signal, the parent of a
+    ``-j`` worker): it stops at once, as at the end of its time box."""
+
+
+WRITE_EVERY_S = 1.0     # shrinking replaces a repro at most this often
+
+
+@dataclass
+class _Best:
+    """The smallest failing case of a finding in the current Hypothesis run."""
+    case: object
+    out: object
+    finding: Finding
+    rank: object
+    dirty: bool = False      # smaller than what is on disk
+    written: float = 0.0     # when its repro was last written
+
+
+def _note(found: "Found", stopped: Optional[str]) -> str:
+    if not found.shrink_cut:
+        return ""
+    return f"shrinking cut short ({stopped})" if stopped else "shrinking cut short by the time box"
+
+
+def _simplicity():
+    """Hypothesis' order of the example being run (its ``sort_key``: fewer choices, then
+    smaller ones), or None where this Hypothesis does not expose it."""
+    if _sort_key is None or _build_context is None:
+        return None
+    try:
+        return _sort_key(_build_context().data.nodes)
+    except Exception:  # noqa: BLE001 - another layout: every failing case counts as smaller
+        return None
+
+
+def _simpler(a, b) -> bool:
+    return a is None or b is None or a < b
 
 
 class fixed_constants:
@@ -187,6 +240,8 @@ def case_strategy(opts: "Options"):
               if v is not None}
     if "logical_ranks" in target.case_options and not device_info(opts.device).host_flags:
         narrow["logical_ranks"] = False     # a GPU runs one rank per process (run --dist)
+    if opts.config is not None:
+        narrow["config"] = dict(opts.config)
     return getattr(importlib.import_module(module), fn)(tuple(opts.checks), tuple(opts.faults),
                                                        **narrow)
 
@@ -196,8 +251,14 @@ class Campaign:
         self.opts = opts
         self.stats = Stats()
         self.found: Dict[tuple, Found] = {}
+        self._closed: set = set()      # keys found by earlier Hypothesis runs: they pass now
+        self._best: Dict[tuple, _Best] = {}    # this run's findings: the smallest case so far
         self._exc: Dict[tuple, type] = {}
-        self._last_progress = time.monotonic()
+        self._last_progress = self._last_stats = time.monotonic()
+        self.stopped: Optional[str] = None     # why the campaign stopped early (a signal)
+        self._unwritable: Optional[str] = None  # why repros can no longer be written
+        self._write_cost = 0.05    # seconds a repro takes to write (a running average)
+        self._last_update = 0.0    # when a smaller case last replaced a repro
         self.db = open_database(opts.db, opts.shared_db, say=self._say)
         self.db_key = database_key(opts)
         self.replayed = 0      # saved examples the first run replayed
@@ -207,27 +268,51 @@ class Campaign:
         if opts.graphs:
             self.device_options["graphs"] = True
         self.references = References()    # parity's reference runs, computed once each
+        # the time box: generation ends at ``box_end``, everything (shrinking included)
+        # at ``hard_end``; None without a time budget
+        begun = self.stats.started if opts.started is None else opts.started
+        self.box_end = None if opts.seconds is None else begun + opts.seconds
+        self.hard_end = (None if self.box_end is None
+                         else self.box_end + (opts.shrink_seconds or 0.0))
 
     # -- budget and progress -------------------------------------------------------------
     def _spent(self) -> bool:
         o = self.opts
+        if self.stopped is not None:
+            return True
         if o.examples is not None and self.stats.examples >= o.examples:
             return True
-        # at least one example, even where start-up took the whole box
-        return (o.seconds is not None and self.stats.examples > 0
-                and self.stats.spent(o.started) >= o.seconds)
+        return self.box_end is not None and time.monotonic() >= self.box_end
 
     def _shrink_over(self, first_failed: float) -> bool:
         """Is this run's shrinking out of time?"""
         o = self.opts
-        if o.seconds is not None:
-            return self.stats.spent(o.started) >= o.seconds + (o.shrink_seconds or 0.0)
+        if self.hard_end is not None:
+            return time.monotonic() >= self.hard_end - self._reserve()
         return o.shrink_seconds is not None and time.monotonic() - first_failed > o.shrink_seconds
 
+    def _check_stop(self) -> None:
+        """Raise ``_Stopped`` when the campaign was asked to stop (``Options.stop``)."""
+        if self.stopped is None and self.opts.stop is not None:
+            self.stopped = self.opts.stop()
+        if self.stopped is not None:
+            raise _Stopped()
+
+    def _tick(self, step: int) -> None:
+        """At each step of a run: the time box's end, or a stop, cuts the run short (the
+        example in flight is dropped; everything found so far is on disk already)."""
+        if self.hard_end is not None and time.monotonic() >= self.hard_end - self._reserve():
+            raise _TimeUp()
+        if self.opts.stop is not None:
+            self._check_stop()
+
     def _progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.opts.on_stats is not None and (force or now - self._last_stats >= 1.0):
+            self._last_stats = now
+            self.opts.on_stats(self.stats)
         if self.opts.progress is None:
             return
-        now = time.monotonic()
         if force or now - self._last_progress >= 5.0:
             self._last_progress = now
             s = self.stats
@@ -249,11 +334,10 @@ class Campaign:
     # -- one Hypothesis run ----------------------------------------------------------------
     def _run_once(self, run_seed: int, replay: bool = True) -> None:
         o = self.opts
-        last: Dict[tuple, tuple] = {}
         failing: list = []
-        cut: list = []
         phases = (Phase.explicit,) + ((Phase.reuse,) if replay else ()) + (Phase.generate,
                                                                            Phase.shrink)
+        cut = False
 
         @settings(max_examples=o.batch, deadline=None, database=self.db, derandomize=False,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=True,
@@ -261,12 +345,15 @@ class Campaign:
         @hseed(run_seed)
         @given(self.strategy)
         def prop(case):
+            nonlocal cut
+            self._check_stop()
             if not failing and self._spent():
                 raise _TimeUp()
             if failing and self._shrink_over(failing[0]):
-                cut.append(True)    # the smallest failing case so far is kept
+                cut = True    # the smallest failing case so far is kept
                 raise _TimeUp()
-            out = execute(case, references=self.references, **self.device_options)
+            out = execute(case, references=self.references, tick=self._tick,
+                          **self.device_options)
             if failing:  # a shrink step of this run's finding
                 self.stats.shrink_runs += 1
             else:
@@ -274,43 +361,101 @@ class Campaign:
             self.stats.steps += out.steps
             self._progress()
             fresh = [f for f in out.findings
-                     if f.key not in self.found and not is_known(f.key, self.opts.known)]
+                     if f.key not in self._closed and not is_known(f.key, self.opts.known)]
             if not fresh:
                 release(out)     # only a finding's outcome is kept (its data, for the repro)
-            if fresh:
+                return
+            if not failing:
                 failing.append(time.monotonic())
-                for f in fresh:  # keep when it first failed; the case is the latest (shrunk)
-                    first = last.get(f.key, (0, 0, 0, self.stats.examples, self.stats.seconds,
-                                             self.stats.steps))
-                    last[f.key] = (case, out, f) + first[3:]
-                raise self._exception_for(fresh[0].key)(fresh[0].text)
+            rank = _simplicity()
+            for f in fresh:
+                self._keep(case, out, f, rank)
+            raise self._exception_for(fresh[0].key)(fresh[0].text)
 
         prop._hypothesis_internal_database_key = self.db_key
         try:
             with fixed_constants(), no_mutations():
                 prop()
-        except _TimeUp:
-            pass
+        except (_TimeUp, _Stopped):
+            cut = cut or bool(failing)
         except BaseException as e:  # noqa: BLE001 - Hypothesis' report of our findings
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-        for key, (case, out, f, n, secs, steps) in last.items():
-            if key not in self.found:
-                self._record(case, out, f, n, secs, steps, bool(cut))
+        finally:    # the smallest case of each finding replaces its repro; shrinking is over
+            for key in self._best:
+                self._flush(key, cut)
+            self._closed.update(self._best)
+            self._best = {}
 
-    def _record(self, case, out, f: Finding, n: int, secs: float, steps: int = 0,
-                cut: bool = False) -> None:
-        path = None
-        if self.opts.out:
-            path = write_repro(self.opts.out, case, out, f, self.opts.device, self.engine_version,
-                               note="shrinking cut short by the time box" if cut else "")
-        self.found[f.key] = Found(f, path, n, secs, out.steps, len(case.workload.requests), steps,
-                                  cut)
-        if self.opts.progress is not None:
-            self.opts.progress(f"finding {f.ident} after {n} examples ({secs:.1f}s): "
-                               f"{f.text.splitlines()[0]}" + (f" -> {path}" if path else ""))
+    # -- findings, on disk as they are found ------------------------------------------------
+    def _keep(self, case, out, f: Finding, rank) -> None:
+        """A failing call for ``f``: its first one is written at once (a raw repro); a
+        smaller case of it (Hypothesis' order, ``_simplicity``) replaces the repro, at
+        most once a second while shrinking, the smallest when the run ends (``_flush``)."""
+        best = self._best.get(f.key)
+        if best is None:     # first seen (keys of earlier runs no longer fail)
+            self._best[f.key] = _Best(case, out, f, rank)
+            s = self.stats
+            self.found[f.key] = Found(f, None, s.examples, s.seconds, out.steps,
+                                      len(case.workload.requests), s.steps)
+            self._write(f.key, first=True)
+            return
+        if not _simpler(rank, best.rank):
+            release(out)
+            return
+        release(best.out)
+        best.case, best.out, best.finding, best.rank, best.dirty = case, out, f, rank, True
+        now = time.monotonic()
+        if now - self._last_update >= WRITE_EVERY_S:
+            # one repro replaced a second at most, the one on disk longest (a run that
+            # shrinks one bug often shows others: each write costs shrinking time)
+            self._last_update = now
+            self._write(min((k for k, b in self._best.items() if b.dirty),
+                            key=lambda k: self._best[k].written))
+
+    def _flush(self, key: tuple, cut: bool) -> None:
+        """The end of the run that shrank ``key``: its smallest case on disk (a repro
+        written already is not written again only to change its note)."""
+        best, found = self._best[key], self.found[key]
+        found.shrink_cut = found.shrink_cut or cut
+        if best.dirty:
+            self._write(key)
+        elif self.opts.on_finding is not None:
+            self.opts.on_finding(found)
+        release(best.out)
+
+    def _reserve(self) -> float:
+        """Seconds to keep at the end of the time box for writing the findings whose
+        smaller cases are not on disk yet (``_flush``)."""
+        if not self._best:
+            return 0.0
+        return self._write_cost * sum(1 for b in self._best.values() if b.dirty)
+
+    def _write(self, key: tuple, first: bool = False) -> None:
+        """Write (or replace) the repro of ``key`` from its best case; on its first write,
+        say so (progress); pass it on (``on_finding``) each time."""
+        t0 = time.monotonic()
+        best, found = self._best[key], self.found[key]
+        best.dirty, best.written = False, t0
+        found.finding, found.steps = best.finding, best.out.steps
+        found.requests = len(best.case.workload.requests)
+        if self.opts.out and not self._unwritable:
+            try:
+                found.repro = write_repro(self.opts.out, best.case, best.out, best.finding,
+                                          self.opts.device, self.engine_version,
+                                          note=_note(found, self.stopped), path=found.repro)
+                self._write_cost = 0.7 * self._write_cost + 0.3 * (time.monotonic() - t0)
+            except OSError as e:      # the folder went away, the disk is full: said once
+                self._unwritable = f"{self.opts.out}: {e.strerror or type(e).__name__}"
+                self._say(f"cannot write repros to {self._unwritable}; findings are "
+                          f"still listed in the summary")
+        if first and self.opts.progress is not None:
+            f = found.finding
+            self.opts.progress(f"finding {f.ident} after {found.examples_before} examples "
+                               f"({found.seconds_before:.1f}s): {f.text.splitlines()[0]}"
+                               + (f" -> {found.repro}" if found.repro else ""))
         if self.opts.on_finding is not None:
-            self.opts.on_finding(self.found[f.key])
+            self.opts.on_finding(found)
 
     def _count_saved(self) -> None:
         if self.db is not None:
@@ -337,7 +482,9 @@ class Campaign:
                 "steps_per_second": round(s.steps / s.seconds, 1) if s.seconds else 0.0,
                 "cpu_seconds": round(s.cpu_seconds, 2),
                 "hypothesis_runs": s.runs, "shrink_runs": s.shrink_runs,
-                "replayed": self.replayed,
+                "replayed": self.replayed, "stopped": self.stopped,
+                "start_up_seconds": round(max(s.started - self.opts.started, 0.0), 2)
+                if self.opts.started is not None else 0.0,
                 "findings": [finding_summary(x) for x in self.found.values()]}
 
 
@@ -353,18 +500,23 @@ def finding_summary(x: Found) -> dict:
 
 
 def write_repro(folder: str, case, out, f: Finding, device: str, engine_version: str,
-                note: str = "") -> str:
+                note: str = "", path: Optional[str] = None) -> str:
     """Write the repro of finding ``f`` of the run ``out`` of ``case`` and its trace under
-    ``folder`` (``<checker>-<hash of site>.yaml``, ``.trace.json``); the repro's path."""
+    ``folder``; the repro's path. Without ``path`` the repro takes a name of its own,
+    ``<checker>-<hash of site>.yaml`` or, where another campaign's repro has it,
+    ``...-2.yaml`` and on (``repro.format.write_new``); with ``path`` (a name it took
+    before) the repro there is replaced. The trace is ``<name>.trace.json`` beside it."""
     from ..device import device_info
-    from ..repro.format import Repro, current_commit, save
+    from ..repro.format import Repro, current_commit, dumps, write_atomic, write_new
     from ..repro.trace import write_trace
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{f.ident}.yaml")
     replayable = device_info(device).replayable
-    save(Repro(case, out.choices if replayable else None, f, out.digest, device, out.steps,
-               current_commit(), engine_version=engine_version, note=note), path)
-    write_trace(out, os.path.join(folder, f"{f.ident}.trace.json"))
+    text = dumps(Repro(case, out.choices if replayable else None, f, out.digest, device,
+                       out.steps, current_commit(), engine_version=engine_version, note=note))
+    if path is None:
+        path = write_new(folder, f.ident, ".yaml", text)
+    else:
+        write_atomic(path, text)
+    write_trace(out, path[:-len(".yaml")] + ".trace.json")
     return path
 
 
@@ -374,6 +526,8 @@ def database_key(opts: Options) -> bytes:
     parts = tuple(None if v is None else tuple(sorted(v)) for v in (
         opts.models, opts.draft_kinds, opts.checks, opts.faults))
     parts = (opts.target, opts.device) + parts
+    if opts.config is not None:
+        parts += (opts.config,)
     return hashlib.sha384(repr(("overlapcheck-campaign",) + parts).encode()).digest()
 
 

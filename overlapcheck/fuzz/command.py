@@ -7,8 +7,11 @@ engine's real scheduler instead. ``--time T`` ends by T seconds from the command
 start, start-up and shrinking included (``--shrink-time`` gives shrinking more).
 ``--db`` keeps the Hypothesis example database in a folder and/or on a Redis server a
 fleet shares (``redis://HOST:PORT[/N]``); ``--ray ADDRESS`` runs the campaign's slices
-on a Ray cluster (``docs/fleet.md``). Exit 0 when nothing was found, 1 when something
-was (or a Ray slice was lost), 2 on a usage error.
+on a Ray cluster (``docs/fleet.md``). Each finding is written when first seen and
+replaced by smaller cases as Hypothesis shrinks it. Ctrl-C (or SIGTERM) stops the
+campaign with its summary, a second one exits at once. Exit 0 when nothing was found,
+1 when something was (or a Ray slice was lost), 2 on a usage error, 130 (143) when a
+signal stopped a campaign that had found nothing.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ def register(sub) -> None:
                                                  "trained, hf:DIR or random:NAME")
     p.add_argument("--draft", default=None, metavar="KIND",
                    help="reference engine: only this draft kind (default: every kind)")
+    p.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="a target's config fields to hold fixed (a YAML mapping, e.g. "
+                        "worker: eagle-v2 for SGLang's real spec worker); the campaign draws "
+                        "the others")
     p.add_argument("--check", default="", metavar="NAMES",
                    help="comma-separated checkers (default: all)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
@@ -46,7 +53,8 @@ def register(sub) -> None:
                         "the smallest failing case found by then is kept); with --examples: "
                         "a cap on shrinking one finding (default: none)")
     p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
-                   help="processes (default 1); with --ray, slices (default: the cluster's CPUs)")
+                   help="processes (default 1; at most this machine's CPUs); with --ray, slices "
+                        "(default: the cluster's CPUs)")
     p.add_argument("--out", default="overlapcheck-findings", metavar="DIR",
                    help="where repros and traces go (default overlapcheck-findings)")
     p.add_argument("--db", action="append", default=None, metavar="DIR|redis://HOST:PORT[/N]",
@@ -78,12 +86,20 @@ def _options(args):
         if value is not None and option not in target.case_options:
             raise UsageError(f"{flag} is not an option of target {args.target} (its engine "
                              f"runs its own fake model)")
-    if args.time is not None and args.time <= 0:
-        raise UsageError(f"--time must be positive, got {args.time}")
+    config = None
+    if args.config is not None:
+        if "config" not in target.case_options:
+            raise UsageError(f"--config is not an option of target {args.target} (its "
+                             f"campaign draws every config field)")
+        from ..run.command import read_config
+        config = tuple(sorted(read_config(args.config, target)[0].items()))
+    for flag, value in (("--time", args.time), ("--shrink-time", args.shrink_time)):
+        # nan compares false with everything: it would never end; a year is plenty
+        if value is not None and not 0 < value <= MAX_SECONDS:
+            raise UsageError(f"{flag} must be a positive number of seconds (at most "
+                             f"{MAX_SECONDS:g}), got {value}")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
-    if args.shrink_time is not None and args.shrink_time <= 0:
-        raise UsageError(f"--shrink-time must be positive, got {args.shrink_time}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     from .db import split_specs
@@ -91,6 +107,11 @@ def _options(args):
         db, shared_db = split_specs(args.db)
     except ValueError as e:
         raise UsageError(f"--db: {e}") from None
+    from ..outputs import output_folder
+    if db:
+        output_folder(db, "--db")
+    if args.out:
+        output_folder(args.out, "--out")
     if shared_db:
         _check_shared_db(shared_db)
     try:
@@ -132,7 +153,7 @@ def _options(args):
                    draft_kinds=kinds, checks=checks, faults=faults,
                    out=args.out, db=db, shrink_seconds=args.shrink_time, shared_db=shared_db,
                    known=_known(args.known, args.target), started=_started(),
-                   graphs=args.cuda_graphs)
+                   graphs=args.cuda_graphs, config=config)
 
 
 def _started() -> float:
@@ -173,24 +194,63 @@ def _check_faults(faults, target: str = "reference") -> None:
         raise UsageError(str(e)) from None
 
 
+MAX_SECONDS = 365 * 86400.0
+
+
+def _jobs(args) -> int:
+    """``-j N`` on this machine: at most its CPUs (more processes only share them, and
+    each spends part of the time box starting), said once."""
+    from ..resources import cpus
+    jobs = args.jobs or 1
+    if args.ray is None and jobs > cpus():
+        print(f"fuzz: -j {jobs} capped at {cpus()}, this machine's CPUs", file=sys.stderr)
+        jobs = cpus()
+    return jobs
+
+
 def run(args) -> int:
-    if (args.jobs or 1) > 1 and args.ray is None:
+    engine_logs = _route_engine_logs(args)   # before any worker process starts
+    from ..resources import cpus
+    if min(args.jobs or 1, cpus()) > 1 and args.ray is None:
         from .jobs import start_server
         start_server()         # the workers' imports, while this process checks the flags
     opts = _options(args)      # usage errors first, before the engine is imported
+    jobs = _jobs(args)
     from .campaign import stderr_progress
-    from .jobs import run_jobs
+    from .workers import run_jobs
+    from .stopping import Stop
     opts.progress = None if args.json else stderr_progress
-    if args.ray is not None:
-        from .ray_jobs import run_ray
-        summary = run_ray(opts, args.ray, args.jobs)
-    else:
-        summary = run_jobs(opts, args.jobs or 1)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        _print_summary(summary)
-    return 1 if summary["findings"] or summary.get("lost") else 0
+    with Stop() as stop:
+        opts.stop = stop
+        if args.ray is not None:
+            from .ray_jobs import run_ray
+            summary = run_ray(opts, args.ray, args.jobs)
+        else:
+            summary = run_jobs(opts, jobs)
+        if engine_logs:
+            summary["engine_logs"] = engine_logs
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            _print_summary(summary)
+        sys.stdout.flush()
+    if summary["findings"] or summary.get("lost"):
+        return 1
+    return 128 + stop.signum if stop.reason else 0
+
+
+def _route_engine_logs(args):
+    """A real engine's own log lines go to ``--out``/engine-logs/ (``targets.logs``),
+    not to the terminal the campaign's progress and findings are on; the folder, or
+    None for an engine that logs nothing of its own."""
+    import os
+
+    from .. import targets
+    from ..targets import logs
+    cls = targets.TARGETS.get(args.target)
+    if cls is None or not getattr(targets.get(args.target), "engine_logs", False):
+        return None
+    return os.path.dirname(logs.route_to(args.out, args.target))
 
 
 def _check_shared_db(url: str) -> None:
@@ -210,6 +270,8 @@ def _print_summary(s: dict) -> None:
     print(f"fuzz ({what}, seed {s['seed']}, {s['jobs']} job(s)): {s['examples']} examples, "
           f"{s['steps']} engine steps in {s['seconds']:.1f} s ({s['steps_per_second']:.0f} "
           f"steps/s{per_cpu}), {len(s['findings'])} finding(s)")
+    if s.get("engine_logs"):
+        print(f"  the engine's own log lines: {s['engine_logs']}/")
     for f in s["findings"]:
         where = f" -> {f['repro']}" if f.get("repro") else ""
         print(f"  {f['id']}: {f['text'].splitlines()[0]}{where}")
@@ -222,6 +284,11 @@ def _print_summary(s: dict) -> None:
                   f"{', '.join(sl['hosts'])})")
     for lost in s.get("lost", ()):
         print(f"  lost: slice {lost['slice']} ({lost['why']})")
+    if s.get("killed"):
+        print(f"  job(s) {', '.join(map(str, s['killed']))} still running at the end of the "
+              f"time box: ended, their findings kept")
+    if s.get("stopped"):
+        print(f"stopped early ({s['stopped']}); every finding so far is listed and written")
     if s["findings"] and s["findings"][0].get("repro"):
         print(f"replay one with: overlapcheck replay {s['findings'][0]['repro']}")
     sys.stdout.flush()

@@ -1,16 +1,15 @@
-"""Run a campaign in one process or in several (``--jobs N``).
+"""A campaign as several jobs (``--jobs N``): their options and their merged summary
+(``workers.run_jobs`` runs them).
 
 Each job is an independent campaign with its own sub-seed (``derive(seed, "job",
-j)``); repro file names are content-addressed by (checker, site), so two jobs that
-find the same bug write the same file. The parent merges the summaries and
-deduplicates findings across jobs.
+j)``), run by a worker process (``workers.py``) that reports to the parent as it goes.
+The parent merges the summaries and deduplicates findings across jobs.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
 import multiprocessing as mp
-import time
 from typing import TYPE_CHECKING
 
 from .. import seeds
@@ -38,19 +37,6 @@ def tune_process(device: str) -> None:
     gc.set_threshold(10000, 20, 20)
 
 
-def _job(opts: "Options", j: int, verbose: bool) -> dict:
-    from .campaign import Campaign, stderr_progress
-    if verbose:
-        opts = dataclasses.replace(opts, progress=lambda line: stderr_progress(f"[job {j}] {line}"))
-    campaign = Campaign(opts)
-    tune_process(opts.device)
-    return campaign.run().summary()
-
-
-def _job_entry(args):
-    return _job(*args)
-
-
 def _context():
     """Worker processes forked from a server that imported the campaign's modules once
     (with ``spawn`` each of N workers spends seconds importing them again; a fork of
@@ -61,7 +47,8 @@ def _context():
     ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
                                 "overlapcheck.engine.target", "overlapcheck.engine.tp",
                                 "overlapcheck.engine.kernels_host", "fake_models",
-                                "fake_models.oracle_host", "invariants.base"])
+                                "fake_models.oracle_host", "invariants.base",
+                                "overlapcheck.fuzz.workers"])
     return ctx
 
 
@@ -76,28 +63,12 @@ def start_server() -> None:
         forkserver.ensure_running()
 
 
-def run_jobs(opts: "Options", jobs: int) -> dict:
-    from .campaign import Campaign
-    t0 = time.monotonic()
-    if jobs == 1:
-        campaign = Campaign(opts)
-        tune_process(opts.device)
-        s = campaign.run().summary()
-        s["jobs"] = 1
-        return s
-    verbose = opts.progress is not None
-    per = [(o, j, verbose) for j, o in enumerate(job_options(opts, jobs))]
-    with _context().Pool(jobs) as pool:
-        parts = pool.map(_job_entry, per)
-    return merge(opts, parts, time.monotonic() - t0, jobs)
-
-
 def job_options(opts: "Options", jobs: int) -> list:
     """The options of each of ``jobs`` independent campaigns (processes, Ray slices):
     sub-seeds, the example budget split, a local database folder each (a shared one
     stays shared)."""
     from .db import DEFAULT_LOCAL
-    base = dataclasses.replace(opts, progress=None, on_finding=None)
+    base = dataclasses.replace(opts, progress=None, on_finding=None, stop=None, on_stats=None)
     local = opts.db or (DEFAULT_LOCAL if opts.shared_db else None)
     return [dataclasses.replace(base, seed=seeds.derive(opts.seed, "job", j) % (2 ** 31),
                                 examples=None if opts.examples is None else -(-opts.examples // jobs),

@@ -5,10 +5,12 @@ its own sub-seed, its share of an example budget, its own local database folder,
 shared database shared), run as a Ray task on whichever node has a free CPU. So for
 a fixed seed and example budget, N slices find what ``-j N`` finds.
 
-* **Streaming.** A slice sends each finding, as it records it, to a collector actor:
+* **Streaming.** A slice sends each finding, as it writes it, to a collector actor:
   its summary line and its repro documents (the YAML repro and the Perfetto trace, as
-  text). The driver polls the collector, deduplicates by finding id and writes each
-  repro once, under ``--out``; a finding a slice sent before its worker died is kept.
+  text), first when it sees it and again each time shrinking replaces it. The driver
+  polls the collector, deduplicates by finding id and writes each repro under a name
+  of its own in ``--out``, replaced by the later versions from the slice that found it
+  first; a finding a slice sent before its worker died is kept.
 * **Time box.** ``--time T`` counts from the command's start: the cluster's start,
   the workers' start and imports are inside it. Each slice gets what is left of T
   when it starts (shrinking ends with it, plus ``--shrink-time``); a slice still
@@ -163,12 +165,17 @@ class _Driver:
         self.streamed: Dict[str, dict] = {}     # finding id -> its summary entry
         self.slices = {j: {"slice": j, "attempts": 0, "hosts": []} for j in range(slices)}
 
-    def _write(self, item: dict) -> Optional[str]:
+    def _write(self, item: dict, path: Optional[str] = None) -> Optional[str]:
+        """Write a streamed repro: under a name of its own (``write_new``: another
+        campaign's repro of the same bug in ``--out`` is left alone), or over ``path``,
+        the name its first version took."""
         if not self.opts.out or "repro" not in item:
-            return None
-        from ..repro.format import write_atomic
-        path = os.path.join(self.opts.out, f"{item['finding']['id']}.yaml")
-        write_atomic(path, item["repro"])
+            return path
+        from ..repro.format import write_atomic, write_new
+        if path is None:
+            path = write_new(self.opts.out, item["finding"]["id"], ".yaml", item["repro"])
+        else:
+            write_atomic(path, item["repro"])
         if "trace" in item:
             write_atomic(path[:-5] + ".trace.json", item["trace"])
         return path
@@ -185,10 +192,15 @@ class _Driver:
             elif item["kind"] == "line":
                 self.say(f"[slice {j}] {item['line']}")
             elif item["finding"]["id"] not in self.streamed:
-                f = dict(item["finding"], repro=self._write(item))
+                f = dict(item["finding"], repro=self._write(item), slice=j)
                 self.streamed[f["id"]] = f
                 self.say(f"[slice {j}] finding {f['id']}: {f['text'].splitlines()[0]}"
                          + (f" -> {f['repro']}" if f["repro"] else ""))
+            elif self.streamed[item["finding"]["id"]]["slice"] == j:
+                # a smaller case of it, from the slice that found it first: replaces it
+                old = self.streamed[item["finding"]["id"]]
+                self.streamed[old["id"]] = dict(item["finding"], slice=j,
+                                                repro=self._write(item, old["repro"]))
 
     def _overdue(self) -> bool:
         if self.deadline is None:
@@ -223,6 +235,7 @@ class _Driver:
         # findings streamed by slices that were lost later, and the driver's repro paths
         by_id = {f["id"]: f for f in s["findings"]}
         for fid, f in self.streamed.items():
+            f = {k: v for k, v in f.items() if k != "slice"}
             by_id.setdefault(fid, f)["repro"] = f["repro"]
         s["findings"] = sorted(by_id.values(), key=lambda f: f["seconds_before"])
         s["ray"] = {"slices": list(self.slices.values())}

@@ -372,7 +372,9 @@ class Snapshot:
     ``requests``: every request so far, by id. ``live``: the requests whose state may
     have changed since the previous snapshot — every request but those already
     *settled* then (ended, and in no unprocessed batch: their state never changes
-    again) — by id; None where the target does not say (read ``requests``). The
+    again) and those *parked* then (waiting in the queue holding nothing, reported so
+    once: nothing changes them until they leave the queue) — by id; None where the
+    target does not say (read ``requests``). The
     reference engine computes ``ledger``, ``pending_slots``, ``requests``,
     ``host_ledger`` and ``cache_ledger`` when first read (``LazyTuple``), so that a checker that reads the
     per-step delta pays for the delta only."""

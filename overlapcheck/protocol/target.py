@@ -140,6 +140,9 @@ class Target:
     #: that read events or context only this target gives. The checker registry
     #: (``invariants.base.REGISTRY``) is the shared checkers plus every target's.
     checkers: Dict[str, str] = {}
+    #: its engine's own log lines go to ``targets.logs.path()`` when one is set (a
+    #: campaign sets ``--out``/engine-logs): the campaign says where
+    engine_logs = False
 
     def version(self) -> str:
         """The installed engine's version; ``TargetUnavailable`` when it is missing or

@@ -18,7 +18,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("trace", help="write the Chrome/Perfetto trace of a repro",
                        description="Replay a repro and write a Chrome/Perfetto trace JSON of "
-                                   "its streams per step.")
+                                   "its streams per step: exit 0 written, 3 diverged (the run "
+                                   "no longer follows the recorded choices; nothing written), "
+                                   "2 bad input.")
     p.add_argument("file", metavar="FILE.yaml")
     p.add_argument("-o", "--output", metavar="OUT.json",
                    help="output path (default: FILE with .trace.json)")
@@ -37,16 +39,31 @@ def register(sub) -> None:
 
 
 def _load(path):
+    """The repro at ``path``, checked for what running it needs: a bad file, a case this
+    machine cannot hold or a prompt outside its model's vocabulary is a usage error."""
     from ..errors import UsageError
+    from ..run.case import CaseError, check_fits
     from .format import ReproError, load
     try:
-        return load(path)
-    except ReproError as e:
-        raise UsageError(str(e)) from None
+        r = load(path)
+        check_fits(r.case)
+    except (ReproError, CaseError) as e:
+        raise UsageError(f"{path}: {e}" if isinstance(e, CaseError) else str(e)) from None
+    if r.case.target == "reference":
+        from fake_models import vocab_of
+        from ..protocol.workload import WorkloadError, check_vocab
+        try:
+            check_vocab(r.case.workload, vocab_of(r.case.config.model), r.case.config.model)
+        except WorkloadError as e:
+            raise UsageError(f"{path}: case.workload.{e}") from None
+    return r
 
 
 def run_replay(args) -> int:
+    from ..outputs import output_file
     r = _load(args.file)          # a bad file is a usage error before the engine loads
+    if args.emit_pytest:
+        output_file(args.emit_pytest, "--emit-pytest")
     from .replay import emit_pytest, replay
     from .format import write_atomic
     res = replay(r)
@@ -65,11 +82,18 @@ def run_replay(args) -> int:
 
 
 def run_trace(args) -> int:
+    from ..outputs import output_file
+    r = _load(args.file)
+    path = output_file(args.output or os.path.splitext(args.file)[0] + ".trace.json",
+                       "--output")
     from ..run import execute
     from .trace import write_trace
-    r = _load(args.file)
     out = execute(r.case, choices=r.choices)
-    path = args.output or os.path.splitext(args.file)[0] + ".trace.json"
+    if out.diverged:
+        # the run left the recorded choices: its trace would not be the repro's run
+        print(f"diverged: {r.finding.ident} ({r.finding.checker}); no trace written\n"
+              f"  {out.diverged}")
+        return 3
     write_trace(out, path)
     print(f"wrote {path} ({len(out.retired)} device ops, {out.steps} steps)")
     return 0
@@ -77,17 +101,18 @@ def run_trace(args) -> int:
 
 def run_minimize(args) -> int:
     from ..errors import UsageError
+    from ..outputs import output_file
     from .format import save
     from .minimize import minimize
     if args.max_runs < 1:
         raise UsageError(f"--max-runs must be at least 1, got {args.max_runs}")
     r = _load(args.file)
+    path = output_file(args.output or os.path.splitext(args.file)[0] + ".min.yaml", "--output")
     small, runs = minimize(r, args.max_runs)
     if small is None:
         print(f"the finding {r.finding.ident} does not show when the repro's case is run "
               f"on the sim with its schedule spec: nothing to minimize")
         return 3
-    path = args.output or os.path.splitext(args.file)[0] + ".min.yaml"
     save(small, path)
     w0, w1 = r.case.workload, small.case.workload
     print(f"minimized in {runs} runs: {len(w0.requests)} -> {len(w1.requests)} requests, "

@@ -9,6 +9,7 @@ objects) and validated; anything else is a ``ReproError`` with a one-line messag
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import tempfile
@@ -19,10 +20,11 @@ import yaml
 
 from .. import __version__
 from ..device import DEVICES
-from ..protocol.finding import Finding
+from ..protocol.finding import ENGINE_EXCEPTION, Finding
 from ..run.case import SCHEMA, Case, CaseError
 
 SCHEMAS = (1, SCHEMA)    # the schemas this overlapcheck reads
+FINDING_KINDS = (ENGINE_EXCEPTION,)   # findings no registered checker makes
 MAX_BYTES = 16 << 20
 _TOP = {"schema", "overlapcheck", "commit", "device", "case", "choices", "finding", "digest",
         "steps", "requests", "note", "engine_version"}
@@ -54,7 +56,10 @@ class Repro:
                 "case": self.case.to_dict(), "choices": self.choices}
 
 
+@functools.lru_cache(maxsize=None)
 def current_commit() -> str:
+    """The git commit of this checkout (asked once per process: a campaign writes a repro
+    each time shrinking finds a smaller case)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here,
@@ -65,7 +70,11 @@ def current_commit() -> str:
 
 
 def dumps(r: Repro) -> str:
-    return yaml.safe_dump(r.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+    """The YAML text of ``r``, by libyaml's safe emitter where PyYAML has it (about
+    three times as fast as the pure-Python one: a campaign writes a repro as soon as it
+    sees a finding, and again as it shrinks)."""
+    return yaml.dump(r.to_dict(), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                     sort_keys=False, default_flow_style=None, width=100)
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -100,6 +109,43 @@ def save(r: Repro, path: str) -> None:
     write_atomic(path, dumps(r))
 
 
+def write_new(folder: str, stem: str, suffix: str, text: str) -> str:
+    """Write ``text`` under a name of its own in ``folder`` and return its path:
+    ``<stem><suffix>``, or ``<stem>-2<suffix>``, ``-3``... where that name is taken.
+    The name is claimed and the whole text put there in one step (a hard link of a
+    written temporary file, which fails where the name exists), so two writers sharing
+    the folder (two campaigns with one ``--out``) never replace each other's file, and a
+    reader never sees a part of one. Later versions of the file replace it in place
+    (``write_atomic``)."""
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        for n in range(1, 10000):
+            path = os.path.join(folder, f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+            try:
+                os.link(tmp, path)
+                return path
+            except FileExistsError:
+                continue
+            except OSError:     # a file system without hard links: claim by O_EXCL, then fill
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                except FileExistsError:
+                    continue
+                os.replace(tmp, path)
+                return path
+        raise FileExistsError(f"{folder}: no free name for {stem}{suffix}")
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise ReproError(msg)
@@ -131,6 +177,8 @@ def parse(doc) -> Repro:
           and isinstance(f.get("text", ""), str)
           and isinstance(f.get("data", {}) or {}, dict),
           "finding: expected checker (text), site (list), step (integer), text")
+    _need(f["checker"] in FINDING_KINDS or f["checker"] in _checkers(),
+          f"finding.checker: unknown checker {f['checker']!r} (a replay could never show it)")
     finding = Finding(f["checker"], tuple(map(str, f["site"])), int(f.get("step", 0)),
                       f.get("text", ""), dict(f.get("data") or {}))
     device = doc.get("device", "sim")
@@ -143,9 +191,15 @@ def parse(doc) -> Repro:
                  doc.get("note", ""), doc.get("engine_version", ""))
 
 
+def _checkers():
+    from invariants.base import REGISTRY
+    return REGISTRY
+
+
 def loads(text: str) -> Repro:
+    from .. import plainyaml
     try:
-        doc = yaml.safe_load(text)
+        doc = plainyaml.load(text)     # yaml.safe_load's result, faster on long choices
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -157,6 +211,7 @@ def loads(text: str) -> Repro:
 
 def load(path: str) -> Repro:
     try:
+        _need(not os.path.exists(path) or os.path.isfile(path), f"{path}: not a regular file")
         size = os.path.getsize(path)
         _need(size <= MAX_BYTES, f"{path}: {size} bytes is larger than a repro may be")
         with open(path, "rb") as f:

@@ -20,8 +20,32 @@ SCHEDULE_KINDS = STRATEGIES + ("stalls",)
 SCHEMA = 2      # of the case inside a repro (overlapcheck.repro.format.SCHEMA)
 
 
+# host memory a request of a run takes at least (its spec, state, output and result, the
+# events and checker records about it): what ``--requests N`` and a workload are held to
+REQUEST_BYTES = 2048
+
+
 class CaseError(ValueError):
     """A case (or repro) that does not fit the schema; one line."""
+
+
+def check_fits(case: "Case") -> None:
+    """``CaseError`` naming the field when ``case`` could not fit in this machine's
+    memory (its engine's footprint and its requests), before anything is allocated."""
+    from ..engine.config import largest_size
+    from ..resources import TooLarge, check_fits as fits
+    n = len(case.workload.requests)
+    footprint = getattr(case.config, "footprint", None)
+    try:
+        if footprint is not None:
+            try:
+                fits(footprint(), "its engine")
+            except TooLarge as e:
+                field = largest_size(case.config)
+                raise CaseError(f"config.{field} {getattr(case.config, field)}: {e}") from None
+        fits(n * REQUEST_BYTES, f"{n} requests")
+    except TooLarge as e:
+        raise CaseError(f"workload.requests: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -116,8 +140,13 @@ class Case:
             target.check_faults(faults)
         except ValueError as e:
             raise CaseError(f"faults: {e}") from None
-        return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})),
-                    _names(d.get("checks", []), "checks"), faults, name)
+        checks = _names(d.get("checks", []), "checks")
+        from invariants.base import check_names
+        try:
+            check_names(checks)
+        except ValueError as e:
+            raise CaseError(f"checks: {e}") from None
+        return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})), checks, faults, name)
 
 
 def _mapping(d, where: str, allowed) -> dict:

@@ -146,7 +146,6 @@ _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool
 def _target_config(args, target):
     """A non-reference target's config: its defaults, or ``--config`` (YAML); the
     reference engine's flags are an error there."""
-    import yaml
     from ..errors import UsageError
     defaults = vars(_defaults())
     given = [f for f in _REFERENCE_FLAGS if getattr(args, f) != defaults[f]]
@@ -155,22 +154,30 @@ def _target_config(args, target):
                          f"give target {target.name}'s config with --config FILE.yaml")
     if not args.config:
         return target.default_config()
+    return read_config(args.config, target)[1]
+
+
+def read_config(path: str, target):
+    """``(fields, config)`` of a target's config file (a YAML mapping of config
+    fields, the rest defaulted); every problem is a one-line ``UsageError``."""
+    import yaml
+    from ..errors import UsageError
     try:
-        with open(args.config, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except OSError as e:
-        raise UsageError(f"cannot read {args.config}: {e.strerror}") from None
-    except yaml.YAMLError:
-        raise UsageError(f"{args.config}: not valid YAML") from None
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise UsageError(f"{path}: not valid YAML") from None
     if not isinstance(doc, dict):
-        raise UsageError(f"{args.config}: expected a mapping of {target.name} config fields")
+        raise UsageError(f"{path}: expected a mapping of {target.name} config fields")
     unknown = sorted(set(map(str, doc)) - target.config_fields())
     if unknown:
-        raise UsageError(f"{args.config}: unknown field {unknown[0]!r} of the {target.name} config")
+        raise UsageError(f"{path}: unknown field {unknown[0]!r} of the {target.name} config")
     try:
-        return target.config_from_dict(doc)
+        return doc, target.config_from_dict(doc)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{args.config}: {e}") from None
+        raise UsageError(f"{path}: {e}") from None
 
 
 def _defaults():
@@ -203,8 +210,16 @@ def run(args) -> int:
 def _workload(args, cfg, target):
     from ..errors import UsageError
     from ..protocol.workload import WorkloadError, load
+    from ..resources import TooLarge, check_fits
+    from .case import REQUEST_BYTES
     if args.requests is not None and args.requests < 1:
         raise UsageError(f"--requests must be >= 1, got {args.requests}")
+    if args.requests is not None:
+        try:
+            check_fits(args.requests * REQUEST_BYTES, f"--requests {args.requests}: a run "
+                                                      f"of {args.requests} requests")
+        except TooLarge as e:
+            raise UsageError(str(e)) from None
     try:
         wl = load(args.workload, cfg) if args.workload else target.generate(
             args.seed, args.requests or 16, cfg)
@@ -233,6 +248,9 @@ def _run_target(args, target) -> int:
 def _log(args, meta):
     from invariants.runlog import RunLog
     from ..errors import UsageError
+    from ..outputs import output_file
+    if args.log:
+        output_file(args.log, "--log")
     try:
         return RunLog(args.log, meta) if args.log else None
     except OSError as e:
@@ -255,6 +273,10 @@ def _run_reference(args) -> int:
         raise UsageError(str(e)) from None
     if args.schedule not in STRATEGIES:
         raise UsageError(f"unknown schedule {args.schedule!r} (choose from {', '.join(STRATEGIES)})")
+    if args.dist and not (0 < args.dist_timeout <= 86400):   # nan fails both
+        raise UsageError(f"--dist-timeout must be a positive number of seconds (at most a "
+                         f"day), got {args.dist_timeout}")
+    _check_config_fits(cfg)
     wl = _workload(args, cfg, targets.get("reference"))
     if args.dist:
         from .dist import run_command
@@ -280,8 +302,62 @@ def _run_reference(args) -> int:
         model = make_model(cfg.model)
     except ValueError as e:   # fake_models.hf.ModelError: one line naming the file or tensor
         raise UsageError(str(e)) from None
+    from ..protocol.workload import WorkloadError, check_vocab
+    try:
+        check_vocab(wl, getattr(model, "vocab", None), cfg.model)
+    except WorkloadError as e:
+        raise UsageError(f"{args.workload}: {e}" if args.workload else str(e)) from None
+    _check_config_fits(cfg, getattr(model, "kv_width", 3))
     case = Case(cfg, wl, ScheduleSpec(args.schedule, args.seed), tuple(checks))
-    return _report(args, execute(case, runtime=rt, model=model, log=log, trace=False), meta)
+    return _report(args, execute(case, runtime=rt, model=model, log=log, trace=False,
+                                 tick=_Progress(wl)), meta)
+
+
+# the reference engine's size flags, by config field
+_SIZE_FLAGS = {"pool_tokens": "--pool-tokens", "max_running": "--max-running",
+               "row_width": "--row-width", "chunk_size": "--chunk-size", "tp": "--tp"}
+
+
+def _check_config_fits(cfg, kv_width: int = 3) -> None:
+    """One line naming the size flag when the engine of ``cfg`` could not fit in this
+    machine's memory, before anything is allocated."""
+    from ..errors import UsageError
+    from ..resources import TooLarge, check_fits
+    from ..engine.config import largest_size
+    try:
+        check_fits(cfg.footprint(kv_width), "the engine")
+    except TooLarge as e:
+        field = largest_size(cfg, kv_width)
+        raise UsageError(f"{_SIZE_FLAGS[field]} {getattr(cfg, field)}: {e}") from None
+
+
+class _Progress:
+    """A long run's progress on stderr: for a workload of ``BIG`` requests or more, a
+    line before it starts; then every 5 s, the step of parity's reference run or of the
+    checked run against the last arrival's. A short run prints nothing."""
+
+    BIG = 1000
+
+    def __init__(self, wl, every: float = 5.0):
+        import time
+        self.every, self._clock = every, time.monotonic
+        self.last = max((r.arrival for r in wl.requests), default=0)
+        self.next = self._clock() + every
+        self.step, self.run = -1, 1
+        if len(wl.requests) >= self.BIG:
+            print(f"run: {len(wl.requests)} requests, the last arriving at step {self.last}",
+                  file=sys.stderr, flush=True)
+
+    def __call__(self, step: int) -> None:
+        if step < self.step:        # parity's reference run has ended: the checked run
+            self.run += 1
+        self.step = step
+        now = self._clock()
+        if now >= self.next:
+            self.next = now + self.every
+            print(f"run: step {step} of run {self.run} (parity's reference run, then the "
+                  f"checked run; arrivals until step {self.last})", file=sys.stderr,
+                  flush=True)
 
 
 def _report(args, out, meta) -> int:

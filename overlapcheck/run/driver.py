@@ -22,7 +22,7 @@ import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from invariants.base import Violation, make_checkers
 
@@ -30,6 +30,7 @@ from .. import targets
 from ..device import Diverged, Replay, StuckWait
 from ..device.sched import Eager
 from ..protocol import EngineStuck, RunResult
+from ..protocol.target import Session, TargetUnavailable
 from ..protocol import events as E
 from ..protocol.finding import ENGINE_EXCEPTION, Finding
 from .case import Case, ScheduleSpec
@@ -111,12 +112,13 @@ def checker_names(case: Case) -> List[str]:
 
 
 def reference_run(case: Case, model=None, device: Optional[str] = None,
-                  straight: bool = True) -> RunResult:
+                  straight: bool = True, tick: Optional[Callable[[int], None]] = None) -> RunResult:
     """The parity reference of ``case``: its workload on the target's reference config,
     eager, no detector, no checker; on the target's default device, or ``device``
     (``Target.reference_device``). On the default device, a target's straight runtime
     (``Target.straight_runtime``) runs it where it has one, unless ``straight`` is off:
-    the same ``RunResult`` at less cost (docs/design.md §6.4)."""
+    the same ``RunResult`` at less cost (docs/design.md §6.4). ``tick``: as ``execute``'s,
+    where the target's session takes one (the reference engine's)."""
     target = targets.get(case.target)
     options = {"model": model} if model is not None else {}
     if device is not None:
@@ -128,7 +130,8 @@ def reference_run(case: Case, model=None, device: Optional[str] = None,
     session = target.open(target.reference_config(case.config), Eager(), None,
                           detect=False, trace=False, **options)
     try:
-        return session.run(case.workload)
+        return session.run(case.workload, tick=tick) if tick is not None else session.run(
+            case.workload)
     finally:
         session.close()
         session.dispose()
@@ -155,15 +158,15 @@ class References:
         self.keep = keep
         self.runs: "OrderedDict[tuple, RunResult]" = OrderedDict()
 
-    def get(self, case: Case, device: Optional[str] = None) -> RunResult:
+    def get(self, case: Case, device: Optional[str] = None, tick=None) -> RunResult:
         try:
             key = (case.target, targets.get(case.target).reference_config(case.config),
                    case.workload, device)
             hit = self.runs.get(key)
         except TypeError:      # a target whose config is not hashable
-            return reference_run(case, device=device)
+            return reference_run(case, device=device, tick=tick)
         if hit is None:
-            hit = self.runs[key] = reference_run(case, device=device)
+            hit = self.runs[key] = reference_run(case, device=device, tick=tick)
             if len(self.runs) > self.keep:
                 self.runs.popitem(last=False)
         else:
@@ -172,16 +175,18 @@ class References:
 
 
 def _context(case: Case, names: Sequence[str], model, reference,
-             references: Optional[References] = None, device: Optional[str] = None) -> dict:
+             references: Optional[References] = None, device: Optional[str] = None,
+             tick=None) -> dict:
     """What checkers need beyond the events: parity's reference run (none when that
     run fails: the run under test reports the engine's failures), on ``device`` when
-    the target names one."""
+    the target names one; ``tick`` hears its steps (``execute``)."""
     if "parity" not in names or not case.workload.requests:
         return {}
     if reference is None:
         try:
-            reference = (references.get(case, device) if references is not None and model is None
-                         else reference_run(case, model, device))
+            reference = (references.get(case, device, tick)
+                         if references is not None and model is None
+                         else reference_run(case, model, device, tick=tick))
         except Exception:  # noqa: BLE001
             return {}
     return {"reference": reference}
@@ -190,13 +195,19 @@ def _context(case: Case, names: Sequence[str], model, reference,
 def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, log=None,
             max_steps: Optional[int] = None, context: Optional[dict] = None,
             trace: bool = True, references: Optional[References] = None,
-            **options) -> Outcome:
+            tick: Optional[Callable[[int], None]] = None, **options) -> Outcome:
     """Run ``case``; with ``choices``, replay them exactly. ``reference``: parity's
     reference ``RunResult`` (default: ``reference_run``, or from ``references``, the
     caller's ``References``); ``log``: a ``RunLog``;
-    ``context``: more checker context (e.g. ``liveness_bound``); ``options`` go to
+    ``context``: more checker context (e.g. ``liveness_bound``); ``tick``: called with
+    the step at each step's end, after the checkers, and at each step of parity's
+    reference run where it is computed here (a campaign's clock, a command's progress
+    line); what it raises that is not an ``Exception`` (a time box running out, a stop)
+    ends the run and passes through; ``options`` go to
     the target (reference engine: ``device``, ``model``, ``runtime``, ``access``,
-    ``engine`` — an engine factory a test plants a bug through)."""
+    ``engine`` — an engine factory a test plants a bug through). A replay that leaves
+    its choices while the engine is still being built is ``diverged`` like one that
+    leaves them later."""
     target = targets.get(case.target)
     names = checker_names(case)
     run_device = (options["runtime"].backend if options.get("runtime") is not None
@@ -204,7 +215,8 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     ref_device = target.reference_device(case.config, run_device, options.get("model"))
     ctx = (target.checker_context(case.config) if ref_device is None
            else target.checker_context(case.config, ref_device))
-    ctx.update(_context(case, names, options.get("model"), reference, references, ref_device))
+    ctx.update(_context(case, names, options.get("model"), reference, references, ref_device,
+                        tick))
     ctx.update(context or {})
     monitor = Monitor(make_checkers(names, **ctx), log=log)
     strategy = Replay(choices) if choices is not None else case.schedule.make()
@@ -215,17 +227,26 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
         monitor(ev)
         if isinstance(ev, E.StepEnd):
             marks.append((ev.iteration, session.clock))
+            if tick is not None:
+                tick(ev.iteration)
 
     observer.batched = monitor.batched      # it passes a VerifiedBatch on as it is
-    session = target.open(case.config, strategy, observer, case.faults, trace=trace, **options)
     result, status, diverged = None, COMPLETED, None
     try:
-        try:
-            result = session.run(case.workload, max_steps=max_steps)
-        finally:
-            session.close()
+        session = target.open(case.config, strategy, observer, case.faults, trace=trace,
+                              **options)
+    except Diverged as e:   # building the engine already asked for more than was recorded
+        session, status, diverged = _Unopened(), DIVERGED, str(e)
+    try:
+        if diverged is None:
+            try:
+                result = session.run(case.workload, max_steps=max_steps)
+            finally:
+                session.close()
     except Diverged as e:
         status, diverged = DIVERGED, str(e)
+    except TargetUnavailable:
+        raise      # the process cannot run this engine (a missing or compiled build): no finding
     except Halt:
         status = HALTED    # a fatal checker (liveness) reported: a finding already
     except (EngineStuck, StuckWait) as e:
@@ -247,8 +268,13 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
                    session.runtime, session)
 
 
-_RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace", "device",
-                "model", "runtime", "access", "detect", "engine", "graphs"}
+class _Unopened(Session):
+    """The session of a replay that left its recorded choices while its engine was
+    being built: nothing ran."""
+
+
+_RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace",
+                "tick", "device", "model", "runtime", "access", "detect", "engine", "graphs"}
 
 
 def run_checked(cfg, workload, checks: Sequence[str] = (), seed: int = 0,

@@ -38,12 +38,19 @@ def run(args) -> int:
         print(f"target {args.target} has no faults")
         return 0
     w = max(len(f.name) for f in order)
-    head = [k for k in order[0].extra if all(k in f.extra for f in order)]
-    print(f"{'fault':<{w}}  " + "".join(f"{k:>5}  " for k in head) + f"{'checker':<22} where")
+    # a field every fault has as a short word or number is a column; the others a line
+    head = [k for k in order[0].extra
+            if all(isinstance(f.extra.get(k), (int, str)) and len(str(f.extra[k])) <= 9
+                   for f in order)]
+    cw = {k: max(5, len(k), *(len(str(f.extra[k])) for f in order)) for k in head}
+    print(f"{'fault':<{w}}  " + "".join(f"{k:>{cw[k]}}  " for k in head)
+          + f"{'checker':<22} where")
     for f in order:
-        print(f"{f.name:<{w}}  " + "".join(f"{f.extra[k]!s:>5}  " for k in head)
+        print(f"{f.name:<{w}}  " + "".join(f"{f.extra[k]!s:>{cw[k]}}  " for k in head)
               + f"{f.checker:<22} {', '.join(f.sites)}")
-        for label, text in (("", f.description), ("bug", f.cites), ("trigger", f.trigger)):
+        more = [(k, ", ".join(map(str, v)) if isinstance(v, tuple) else str(v))
+                for k, v in f.extra.items() if k not in head and v is not None]
+        for label, text in [("", f.description), ("bug", f.cites), ("trigger", f.trigger)] + more:
             for line in textwrap.wrap(f"{label}: {text}" if label else text, 88):
                 print(f"{'':<{w}}  {line}")
     return 0

@@ -28,7 +28,7 @@ BACKENDS: Dict[str, WatchBackend] = {
 }
 AUTO = "auto"
 DEVICES = (AUTO,) + tuple(BACKENDS)
-MODES = ("raise", "log")
+MODES = ("raise", "log", "collect")
 
 
 def check_device(device: str) -> None:

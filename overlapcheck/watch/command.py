@@ -4,8 +4,10 @@
         -- python script.py [args...]
 
 The script runs in this process with its own ``sys.argv``. Exit status: the
-program's own, unless a race was found (1, with the reports on stderr); 2 for bad
-input (no program, a missing script, an unknown device or mode), printed as one line.
+program's own (130 when it ends by ``KeyboardInterrupt``, as Python's would), unless a
+race was found (1, with the reports on stderr); 2 for bad input (no program, a missing
+script or one that is not Python, an unknown device or mode, a ``--json`` path that
+cannot be written), printed as one line.
 torch is imported only once the input is known to be good, so ``--help`` is instant.
 """
 from __future__ import annotations
@@ -15,7 +17,9 @@ import logging
 import sys
 
 HELP = "run an unmodified PyTorch program under the race detector"
-from .backends import BACKENDS, DEVICES, MODES
+from .backends import BACKENDS, DEVICES
+
+CLI_MODES = ("log", "raise")   # collect is for drivers that report races themselves
 
 
 def register(subparsers) -> None:
@@ -42,9 +46,12 @@ def _check(args):
     from .runner import parse_command
     if args.device not in DEVICES:
         raise UsageError(f"unknown device {args.device!r} (choose from {', '.join(DEVICES)})")
-    if args.mode not in MODES:
-        raise UsageError(f"unknown mode {args.mode!r} (choose from {', '.join(MODES)})")
+    if args.mode not in CLI_MODES:
+        raise UsageError(f"unknown mode {args.mode!r} (choose from {', '.join(CLI_MODES)})")
     target = parse_command(args.program)
+    if args.json:
+        from ..outputs import output_file
+        output_file(args.json, "--json")
     if args.device in BACKENDS and BACKENDS[args.device].gpu:
         import torch
         if not torch.cuda.is_available():
@@ -73,17 +80,35 @@ def run(args) -> int:
     if out.error is not None:
         _print_program_error(out.error)
     w = out.watch
+    for r in w.reports:  # each was printed when first seen; say what came after
+        if r.count > 1:
+            print(f"overlapcheck watch: race [{r.ident}] {r.seen()}", file=sys.stderr)
+    written = ""
+    if args.json:
+        if out.json_error is None:
+            written = f"; report written to {args.json}"
+        else:
+            print(f"overlapcheck watch: error: --json {args.json}: cannot write the report "
+                  f"({out.json_error})", file=sys.stderr)
     s = w.summary()
     if w.reports:
-        verdict = f"{s['races']} race{'s' if s['races'] != 1 else ''}"
+        verdict = _count(s["races"], "race")
+        extra = []
         if s["occurrences"] != s["races"]:
-            verdict += f" ({s['occurrences']} occurrences)"
+            extra.append(f"{s['occurrences']} occurrences")
+        if s["tensors"] != s["races"]:
+            extra.append(f"on {s['tensors']} tensors")
+        if extra:
+            verdict += f" ({', '.join(extra)})"
     else:
         verdict = "no race"
-    streams = f"{s['streams']} stream{'s' if s['streams'] != 1 else ''}"
-    print(f"overlapcheck watch ({w.device}): {verdict} in {s['ops']} ops on {streams}"
-          + (f"; report written to {args.json}" if args.json else ""), file=sys.stderr)
+    print(f"overlapcheck watch ({w.device}): {verdict} in {_count(s['ops'], 'op')} on "
+          f"{_count(s['streams'], 'stream')}" + written, file=sys.stderr)
     return 1 if w.reports else out.status
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _print_program_error(exc: BaseException) -> None:

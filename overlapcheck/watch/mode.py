@@ -12,28 +12,30 @@ made explicit:
   a recycled caching-allocator block meets its new owner (``empty*`` write nothing);
 * copies between the host and the device, by CUDA's rules: with ``non_blocking`` and
   pinned host memory the copy is asynchronous (the stream reads or writes the host
-  memory); from pageable memory, a non-blocking host-to-device copy first waits for
-  the stream and stages the source at once (the host reads it); every other copy
-  returns when it is done (the host synchronizes with the stream);
-* ops that return a host value or a data-dependent shape wait for the stream
-  (``item``, ``nonzero``, boolean-mask indexing, ...).
+  memory); from pageable memory, a non-blocking host-to-device copy stages the source
+  at once (the host reads it) and performs no device synchronization, as CUDA's
+  ``cudaMemcpyAsync`` documents; every other copy returns when it is done (the host
+  synchronizes with the stream);
+* ops that need a value from device memory on the host (``item``, or the size of a
+  ``nonzero``, a boolean-mask index, ...) make the host wait for the stream in the middle
+  of the op; what the op queues after that wait is queued work like any other
+  (``sized``).
 
 The backend (``gpu`` or ``shim``) says which tensors are device memory, which host
 memory is pinned, and what the current stream is.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Iterator, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..device.infer import InferMode
+from . import sized
 
 COPY_OPS = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
-SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique",
-                      "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero"})
-BOOL_INDEX_OPS = frozenset({"index", "index_put_", "index_put", "_index_put_impl_"})
 # ops that look at a tensor's metadata only, though their schemas list it as an input
 NO_ACCESS = frozenset({"is_pinned", "record_stream", "is_same_size", "is_set_to"})
 EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
@@ -43,8 +45,8 @@ EMPTY_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 class Plan:
     """What an op does to memory, derived once per op from its schema."""
 
-    __slots__ = ("name", "inputs", "fresh", "many", "writes_out", "copy", "sync",
-                 "sized_sync", "bool_index", "lift", "inert")
+    __slots__ = ("name", "inputs", "fresh", "many", "writes_out", "copy", "wait", "args",
+                 "lift", "inert")
 
     def __init__(self, func):
         self.name = func._schema.name.split("::")[-1]
@@ -55,11 +57,8 @@ class Plan:
         self.many = len(func._schema.returns) > 1
         self.writes_out = not func.is_view and self.name not in EMPTY_OPS
         self.copy = self.name in COPY_OPS
-        self.sync = self.name in SYNC_OPS
-        # repeat_interleave(repeats) sizes its output from device values unless told
-        self.sized_sync = (self.name == "repeat_interleave"
-                           and func._schema.arguments[0].name == "repeats")
-        self.bool_index = self.name in BOOL_INDEX_OPS
+        self.wait = sized.RULES.get(self.name)  # a host wait inside the op, maybe
+        self.args = {a.name: i for i, a in enumerate(func._schema.arguments)}
         self.lift = self.name == "lift_fresh"
         self.inert = not (self.inputs or self.fresh or self.lift)  # views, metadata
 
@@ -94,6 +93,22 @@ def inputs(plan: Plan, args, kwargs) -> Iterator[Tuple[torch.Tensor, bool]]:
             yield v, write
 
 
+def one_per_view(ins):
+    """``(tensor, write)`` pairs with one entry per view: an op that reads a view it also
+    writes (``torch.mul(x, 5, out=x)``, ``x.add_(x)``) makes one access, a write."""
+    if len(ins) < 2:
+        return ins
+    merged: Dict[tuple, list] = {}
+    for t, write in ins:
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = [t, write]
+        else:
+            seen[1] = seen[1] or write
+    return [(t, write) for t, write in merged.values()]
+
+
 def all_tensors(args, kwargs) -> Iterator[torch.Tensor]:
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
@@ -104,16 +119,25 @@ def all_tensors(args, kwargs) -> Iterator[torch.Tensor]:
                     yield x
 
 
-def outputs(plan: Plan, out) -> Iterator[torch.Tensor]:
+def outputs(plan: Plan, out) -> Iterator[Tuple[int, torch.Tensor]]:
+    """The op's new outputs, each with its position among the returns."""
     if not plan.fresh:
         return
     values = out if plan.many else (out,)
     for i in plan.fresh:
         v = values[i]
         if isinstance(v, (list, tuple)):
-            yield from (x for x in v if _tracked(x))
+            yield from ((i, x) for x in v if _tracked(x))
         elif _tracked(v):
-            yield v
+            yield i, v
+
+
+def argument(plan: Plan, args, kwargs, name: str):
+    """The argument ``name`` of a call (None when absent or not in the schema)."""
+    i = plan.args.get(name)
+    if i is not None and i < len(args):
+        return args[i]
+    return kwargs.get(name)
 
 
 def non_blocking(plan: Plan, args, kwargs) -> bool:
@@ -139,7 +163,7 @@ class WatchMode(TorchDispatchMode):
         b = self.b
         self.tr.ops += 1
         args, kwargs, target, pin = b.prepare(plan, args, kwargs)
-        ins = list(inputs(plan, args, kwargs))
+        ins = one_per_view(list(inputs(plan, args, kwargs)))
         # An op runs on the device when it makes device memory or reads or writes
         # some; ``empty_like(x, device="cpu")`` of a device ``x`` is a host op.
         dev_op = target == "cuda" or any(b.device_key(t) is not None for t, _ in ins) or (
@@ -147,8 +171,12 @@ class WatchMode(TorchDispatchMode):
                                    for t in all_tensors(args, kwargs)))
         if not dev_op:
             out = func(*args, **kwargs)
-            if pin:
-                b.pinned_outputs(list(outputs(plan, out)))
+            if pin or kwargs.get("pin_memory") or plan.name == "_pin_memory":
+                made = [o for _, o in outputs(plan, out)]
+                if pin:  # the shim pins it
+                    b.pinned_outputs(made)
+                for o in made:
+                    self.tr.pinned_allocated(host_key(o), o)
             if ins:
                 self._host_op(plan, ins)
             return out
@@ -174,19 +202,26 @@ class WatchMode(TorchDispatchMode):
         nb = plan.copy and non_blocking(plan, args, kwargs)
         staged = nb and any(not w and b.device_key(t) is None and not b.is_pinned(t)
                             for t, w in ins)
-        if staged:  # H2D from pageable memory: CUDA waits for the stream, stages the source
-            tr.sync_stream(sid)
+        wait = None
+        if plan.wait is not None:  # decided on the arguments as the op gets them
+            wait = plan.wait(lambda n: argument(plan, args, kwargs, n),
+                             lambda t: b.device_key(t) is not None)
         ctx, clock = tr.enqueue(sid)
         allocs = tr.allocs
         out = func(*args, **kwargs)
-        outs = [(o, b.new_output(o, target, sid)) for o in outputs(plan, out) if o.numel()]
+        outs = [(i, o, b.new_output(o, target, sid)) for i, o in outputs(plan, out)
+                if o.numel()]
         name = plan.name + (" (non_blocking)" if nb else "")
         op, frame = tr.op(name, is_copy=plan.copy or plan.lift)
+        later = []  # (unit, tensor, write): the accesses queued after the host's wait
         host_side = None
         for t, write in ins:
             key = b.device_key(t)
             if key is not None:
-                tr.access(ctx, clock, tr.device_unit(key, t), t, write, op, frame)
+                if wait is not None and wait.input_after(t, write):
+                    later.append((tr.device_unit(key, t), t, write))
+                else:
+                    tr.access(ctx, clock, tr.device_unit(key, t), t, write, op, frame)
             elif plan.copy and not staged:
                 host_side = t
                 u = tr.host_unit(host_key(t), t, b.is_pinned(t))
@@ -199,9 +234,13 @@ class WatchMode(TorchDispatchMode):
         if tr.allocs != allocs:
             # blocks handed out while the op ran: its writes to them come after that
             ctx, clock = tr.enqueue(sid)
-        for o, key in outs:
+        for i, o, key in outs:
             if key is not None:
-                if plan.writes_out:
+                if not plan.writes_out:
+                    continue
+                if wait is not None and wait.output_after(i):
+                    later.append((tr.device_unit(key, o), o, True))
+                else:
                     tr.access(ctx, clock, tr.device_unit(key, o), o, True, op, frame)
             else:  # a device-to-host copy's new host tensor
                 host_side = o
@@ -215,13 +254,40 @@ class WatchMode(TorchDispatchMode):
             tr.sync_stream(sid)
         blocking = (plan.copy and host_side is not None and not staged
                     and not (nb and b.is_pinned(host_side)))
-        if (blocking or plan.sync or (plan.bool_index and _bool_indices(args))
-                or (plan.sized_sync and kwargs.get("output_size") is None)):
+        if blocking or wait is not None:
             tr.sync_stream(sid)
+        if later:
+            # queued on the same stream once the host has its size: not waited for
+            ctx, clock = tr.enqueue(sid)
+            op = dataclasses.replace(op, after_wait=True)
+            for u, t, write in later:
+                tr.access(ctx, clock, u, t, write, op, frame)
         return out
 
-
-def _bool_indices(args) -> bool:
-    idx = args[1] if len(args) > 1 else None
-    return isinstance(idx, (list, tuple)) and any(
-        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in idx)
+    def kernel(self, name: str, reads, writes) -> None:
+        """A device kernel the dispatcher does not see (``kernel.device_kernel``): one
+        operation on the current stream reading ``reads`` and writing ``writes``. A
+        pinned host tensor among them is accessed by the stream, as a kernel reaches
+        host memory through a mapped (UVA) pointer; a pageable one is read (or
+        written) by the host at the launch, as a kernel argument staged from pageable
+        memory is."""
+        __tracebackhide__ = True
+        b, tr = self.b, self.tr
+        tr.ops += 1
+        sid = b.current_stream()
+        ctx, clock = tr.enqueue(sid)
+        op, frame = tr.op(name)
+        for ts, write in ((reads, False), (writes, True)):
+            for t in ts:
+                key = b.device_key(t)
+                if key is not None:
+                    tr.access(ctx, clock, tr.device_unit(key, t), t, write, op, frame)
+                    continue
+                if b.is_pinned(t):
+                    u = tr.host_unit(host_key(t), t, True)
+                    u.streams.add(sid)
+                    tr.access(ctx, clock, u, t, write, op, frame)
+                    continue
+                u = tr.host_unit_if_tracked(host_key(t))
+                if u is not None:
+                    tr.host_access(u, t, write, op, frame)

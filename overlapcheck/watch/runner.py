@@ -28,6 +28,7 @@ class Outcome:
     status: int                      # what the program's exit status would be
     watch: object                    # the Watch, with its reports
     error: Optional[BaseException]   # the program's uncaught exception
+    json_error: Optional[str] = None  # why the JSON report could not be written
 
 
 def parse_command(words: Sequence[str]) -> Tuple[str, str, List[str]]:
@@ -50,8 +51,32 @@ def parse_command(words: Sequence[str]) -> Tuple[str, str, List[str]]:
                          f"watch, not {words[0]!r}")
     path = words[0]
     if not os.path.isfile(path):
+        import shutil
+        if os.sep not in path and shutil.which(path):
+            raise UsageError(f"{path!r} is a program, not a Python script: watch runs Python "
+                             f"code in its own process ({USAGE})")
         raise UsageError(f"no such script: {path}")
+    if not _python_source(path):
+        raise UsageError(f"{path} is not a Python script: watch runs Python code in its own "
+                         f"process ({USAGE})")
     return "script", path, words[1:]
+
+
+def _python_source(path: str) -> bool:
+    """Does ``path`` look like Python source: a ``.py`` file, or text whose first line is
+    not another interpreter's ``#!``? (A binary or a shell script would fail to compile
+    with a traceback of runpy's.)"""
+    if path.endswith((".py", ".pyw")):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if b"\0" in head:
+        return False
+    first = head.split(b"\n", 1)[0]
+    return not first.startswith(b"#!") or b"python" in first
 
 
 def exit_status(code) -> int:
@@ -70,9 +95,11 @@ def run_program(target: str, args: Sequence[str] = (), *, module: bool = False,
     """Run a script (or, with ``module``, a module) as ``__main__`` under ``watch``."""
     from .session import Watch, resolve_device
 
-    w = Watch(resolve_device(device), mode, json_path)
+    # the report is written here, after the program: a path that cannot be written
+    # leaves the program's own outcome as it was
+    w = Watch(resolve_device(device), mode)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    status, error = 0, None
+    status, error, json_error = 0, None, None
     try:
         if module:
             sys.argv = [target, *args]
@@ -87,9 +114,16 @@ def run_program(target: str, args: Sequence[str] = (), *, module: bool = False,
                 runpy.run_path(target, run_name="__main__")
     except SystemExit as e:
         status = exit_status(e.code)
+    except KeyboardInterrupt as e:   # as Python ends on one: its traceback, status 130
+        status, error = 130, e
     except Exception as e:  # the program's own failure: kept, reported by the caller
         status, error = 1, e
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-    return Outcome(status, w, error)
+    if json_path:
+        try:
+            w.write_json(json_path)
+        except OSError as e:
+            json_error = e.strerror or type(e).__name__
+    return Outcome(status, w, error, json_error)

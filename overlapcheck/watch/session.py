@@ -12,7 +12,14 @@ whatever happened inside. Modes:
 * ``raise`` (default): the access that completes a race raises ``RaceFound`` at the
   user's line; a race seen again at the same two lines is counted, not raised again;
 * ``log``: every new race is logged (logger ``overlapcheck.watch``, warning level)
-  and collected in ``reports``; the program runs on.
+  and collected in ``reports``; the program runs on;
+* ``collect``: every new race is collected in ``reports`` and passed to
+  ``on_report`` (a driver that reports them itself, e.g. as findings); nothing is
+  logged and the program runs on.
+
+``user_roots`` (directories) narrows whose lines a report names to the files under
+them (an engine's package run by a driver): by default every frame outside torch,
+Python's library and overlapcheck's watch package is the user's.
 
 An exception raised by the watched code leaves the context unchanged, with the
 races found so far added to it as a note. ``json_path`` writes the JSON report on
@@ -20,10 +27,11 @@ exit (``to_json()``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from typing import Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from .backends import MODES, check_device
 FORMAT_VERSION = 1
@@ -51,7 +59,8 @@ class Watch:
     """The context manager behind ``watch(...)``."""
 
     def __init__(self, device: str = "auto", mode: str = "raise",
-                 json_path: Optional[str] = None):
+                 json_path: Optional[str] = None, user_roots: Tuple[str, ...] = (),
+                 on_report: Optional[Callable[[object], None]] = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
         check_device(device)
@@ -59,6 +68,8 @@ class Watch:
         self.device: Optional[str] = None
         self.mode = mode
         self.json_path = json_path
+        self.user_roots = tuple(user_roots)
+        self.on_report = on_report
         self.reports: List = []
         self._by_key: Dict[tuple, object] = {}
         self.raised = 0
@@ -80,7 +91,8 @@ class Watch:
         if any(isinstance(m, WatchMode) for m in _get_current_dispatch_mode_stack()):
             raise RuntimeError("overlapcheck watch contexts do not nest")
         self.device = resolve_device(self.requested)
-        self.tracker = Tracker(self._on_report)
+        from .frames import Frames
+        self.tracker = Tracker(self._on_report, Frames(self.user_roots))
         self._explainer = Explainer(self.tracker)
         self._patcher = Patcher()
         from .backends import BACKENDS, build
@@ -114,19 +126,39 @@ class Watch:
         if self._patcher is not None:
             self._patcher.restore()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The block is not the watched program's (a driver reading the program's
+        state between its steps): its ops and host reads are not accesses, and
+        ``tolist``/``numpy`` read device memory in place, as a debugger would."""
+        if self.tracker is None or self.tracker.paused:
+            yield
+            return
+        from torch.utils._python_dispatch import _disable_current_modes
+        self.tracker.paused = True
+        try:
+            with _disable_current_modes():
+                yield
+        finally:
+            self.tracker.paused = False
+
     # -- reports -------------------------------------------------------------------------
-    def _on_report(self, race, unit, frame) -> None:
+    def _on_report(self, race, unit, frame, view=None) -> None:
         __tracebackhide__ = True  # pytest shows the user's line, not ours
-        report = self._explainer.explain(race, unit, frame)
+        report = self._explainer.explain(race, unit, frame, view)
         seen = self._by_key.get(report.key)
         if seen is not None:
-            seen.count += 1
+            seen.merge(report)
             return
         self._by_key[report.key] = report
         self.reports.append(report)
         if self.mode == "raise":
             self.raised += 1
             raise RaceFound(report)
+        if self.mode == "collect":
+            if self.on_report is not None:
+                self.on_report(report)
+            return
         log.warning("%s", report)
 
     def note(self) -> str:
@@ -138,6 +170,7 @@ class Watch:
     def summary(self) -> dict:
         tr = self.tracker
         return {"races": len(self.reports), "occurrences": sum(r.count for r in self.reports),
+                "tensors": sum(r.tensors for r in self.reports),
                 "ops": tr.ops if tr else 0, "accesses": tr.det.accesses if tr else 0,
                 "streams": len(tr.stream_ctx) if tr else 0}
 
@@ -147,11 +180,10 @@ class Watch:
                 "summary": self.summary()}
 
     def write_json(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        """Write the JSON report atomically (a reader sees the old file or the whole new
+        one, and no temporary file is left behind)."""
+        from ..repro.format import write_atomic
+        write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
 
 def _add_note(exc: BaseException, text: str) -> None:
@@ -161,10 +193,13 @@ def _add_note(exc: BaseException, text: str) -> None:
         exc.__notes__ = [*getattr(exc, "__notes__", []), text]
 
 
-def watch(device: str = "auto", mode: str = "raise", json_path: Optional[str] = None) -> Watch:
+def watch(device: str = "auto", mode: str = "raise", json_path: Optional[str] = None,
+          user_roots: Tuple[str, ...] = (),
+          on_report: Optional[Callable[[object], None]] = None) -> Watch:
     """Watch the ``torch.cuda`` code run inside the ``with`` block for races.
 
     ``device``: ``cuda`` (a GPU, PyTorch's GPU trace callbacks), ``cpu`` (the CPU
-    shim: the same verdicts without a GPU) or ``auto``. ``mode``: ``raise`` or
-    ``log``. ``json_path``: where to write the JSON report on exit."""
-    return Watch(device, mode, json_path)
+    shim: the same verdicts without a GPU) or ``auto``. ``mode``: ``raise``, ``log``
+    or ``collect`` (``on_report`` gets each new race). ``json_path``: where to write
+    the JSON report on exit. ``user_roots``: whose lines reports name."""
+    return Watch(device, mode, json_path, user_roots, on_report)

@@ -17,6 +17,13 @@ For the duration of the context, CUDA things get a CPU meaning:
 Tensors keep ``device == cpu`` (code that branches on ``t.is_cuda`` sees a CPU
 tensor), and a CUDA-only op has its CPU meaning. Everything patched is restored on
 leaving the context.
+
+An engine that runs on the CPU device itself (SGLang's CPU path) can have its own
+device watched: ``alias_device("cpu:0")`` makes that device name stand for the GPU
+(a factory given it makes device memory, ``.to("cpu:0")`` copies to the device, a
+plain ``"cpu"`` stays the host), ``route_cpu_streams()`` gives ``torch.cpu``'s stream
+API (which PyTorch makes a no-op) the shim's streams and events, and ``adopt(t)``
+makes a tensor allocated before the block device memory.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from typing import Dict, Optional
 import torch
 
 from .mode import host_key
+from .tracker import BEFORE
 from .shim_alloc import CachingAllocatorModel
 from .shim_cuda import ShimCuda
 
@@ -51,6 +59,52 @@ class ShimBackend:
         self._fin: Dict[int, object] = {}
         self.cuda: Optional[ShimCuda] = None
         self.active = False
+        self.aliases: set = set()           # CPU device names standing for the GPU
+        self.alias = None                   # the first of them: what device memory reports
+        self._tensor_device = torch.Tensor.device
+        self._patcher = None
+
+    def names_device(self, device) -> bool:
+        """Does ``device`` (a factory's or ``.to``'s argument) name the device?"""
+        if _is_cuda(device):
+            return True
+        if not self.aliases or device is None or isinstance(device, int):
+            return False
+        return torch.device(device) in self.aliases
+
+    def alias_device(self, device) -> None:
+        """From now on ``device`` (a CPU device with an index, e.g. ``"cpu:0"``) names
+        the device, as ``"cuda"`` does, and device memory reports it as its
+        ``.device`` (code placing a tensor "where ``t`` is" places it on the device)."""
+        d = torch.device(device)
+        if d.type != "cpu" or d.index is None:
+            raise ValueError(f"an alias of the device is a CPU device with an index, "
+                             f"not {device!r}")
+        self.aliases.add(d)
+        if self.alias is None:
+            self.alias = d
+            # device memory reports the alias as its device from now on
+            self._patcher.set(torch.Tensor, "device", property(self._device_of))
+
+    def _device_of(self, t):
+        if self.device_key(t) is not None:
+            return self.alias
+        return self._tensor_device.__get__(t)
+
+    def route_cpu_streams(self) -> None:
+        """``torch.cpu``'s streams, events and stream contexts are the shim's."""
+        streams = ("Stream", "Event", "StreamContext", "current_stream", "default_stream",
+                   "set_stream", "stream", "synchronize")
+        for name, value in self.cuda.functions().items():
+            if name in streams and hasattr(torch.cpu, name):
+                self._patcher.set(torch.cpu, name, value)
+
+    def adopt(self, t) -> Optional[int]:
+        """Count ``t``'s storage (made before the block, or outside the shim's view)
+        as device memory, allocated before watching began."""
+        if self.device_key(t) is not None:
+            return self.device_key(t)
+        return self.register_device(t, 0, site=BEFORE)
 
     # -- what the dispatch mode asks ------------------------------------------------------
     def current_stream(self) -> int:
@@ -66,7 +120,7 @@ class ShimBackend:
         target, pin = None, False
         dev = kwargs.get("device")
         if dev is not None:
-            target = "cuda" if _is_cuda(dev) else "cpu"
+            target = "cuda" if self.names_device(dev) else "cpu"
             if target == "cuda":
                 kwargs = dict(kwargs, device=torch.device("cpu"))
         if kwargs.get("pin_memory"):
@@ -83,7 +137,7 @@ class ShimBackend:
             self.register_pinned(o)
 
     # -- registries --------------------------------------------------------------------------
-    def register_device(self, t, sid) -> Optional[int]:
+    def register_device(self, t, sid, site: Optional[str] = None) -> Optional[int]:
         storage = t.untyped_storage()
         ptr, n = storage.data_ptr(), storage.nbytes()
         if not ptr or not n:
@@ -92,7 +146,7 @@ class ShimBackend:
         if addr is None:
             addr = self.dev[ptr] = self.alloc.malloc(n, sid)
             self._fin[ptr] = weakref.finalize(storage, self._device_dead, ptr)
-            self.tr.device_alloc(addr, sid, n)
+            self.tr.device_alloc(addr, sid, n, site=site)
         return addr
 
     def register_pinned(self, t) -> None:
@@ -121,6 +175,7 @@ class ShimBackend:
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self, patcher) -> None:
+        self._patcher = patcher
         self.cuda = ShimCuda(self.tr, torch.cuda.is_available, torch.cuda._lazy_init)
         for name, value in self.cuda.functions().items():
             patcher.set(torch.cuda, name, value)
@@ -135,6 +190,8 @@ class ShimBackend:
         self._fin.clear()
         self.pinned.clear()
         self.dev.clear()
+        self.aliases.clear()
+        self.alias = None
 
 
 def _patch_tensor(b: ShimBackend, patcher) -> None:
@@ -162,7 +219,7 @@ def _patch_tensor(b: ShimBackend, patcher) -> None:
         if device is None:
             return orig_to(self, dtype=dtype, non_blocking=nb, copy=copy,
                            **({"memory_format": fmt} if fmt is not None else {}))
-        src_dev, dst_dev = is_device(self), _is_cuda(device)
+        src_dev, dst_dev = is_device(self), b.names_device(device)
         t = self
         if dtype is not None and dtype != self.dtype or fmt is not None:
             t = orig_to(self, dtype=dtype or self.dtype,
@@ -193,7 +250,7 @@ def _patch_tensor(b: ShimBackend, patcher) -> None:
     def tensor(data, *args, dtype=None, device=None, requires_grad=False,
                pin_memory=False, **kwargs):
         t = orig_tensor(data, *args, dtype=dtype, requires_grad=requires_grad, **kwargs)
-        if _is_cuda(device):
+        if b.names_device(device):
             return b.to_device(t, False)
         return t.pin_memory() if pin_memory else t
 
@@ -202,7 +259,7 @@ def _patch_tensor(b: ShimBackend, patcher) -> None:
             return data.to(device=device if device is not None else
                            ("cuda" if is_device(data) else "cpu"), dtype=dtype or data.dtype)
         t = orig_as_tensor(data, dtype=dtype)
-        return b.to_device(t, False) if _is_cuda(device) else t
+        return b.to_device(t, False) if b.names_device(device) else t
 
     orig_cpu = patcher.set(T, "cpu", cpu)
     orig_to = patcher.set(T, "to", to)

@@ -16,6 +16,7 @@ fact, for both sources of facts: PyTorch's GPU trace callbacks and the CPU shim.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -35,9 +36,11 @@ _MAX_ROWS = 8192    # a view touching more rows than this counts as touching all
 @dataclass(frozen=True)
 class WatchOp(OpInfo):
     """An ``OpInfo`` that also carries the user's stack (innermost first), as
-    ``Frames.stack`` takes it."""
+    ``Frames.stack`` takes it, and whether the access is among the kernels an op
+    queues after the host waited for it in the middle (``sized``)."""
 
     stack: Tuple[Tuple[str, int, str], ...] = ()
+    after_wait: bool = False
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Unit:
     pledged: Set[StreamHandle] = field(default_factory=set)  # record_stream
     streams: Set[StreamHandle] = field(default_factory=set)  # streams that copied it (host)
     alloc_site: str = "?"
+    allocated: bool = False   # host memory: alloc_site is its allocation, not its first copy
     free_site: Optional[str] = None       # where the current owner was freed
     prev_free_site: Optional[str] = None  # where the previous owner was freed
     prev_describe: Optional[str] = None   # the previous owner, as ``describe`` said
@@ -60,13 +64,17 @@ class Unit:
     dtype: str = ""
     pinned: bool = False
 
-    def describe(self) -> str:
+    def describe(self, shape: Optional[Tuple[int, ...]] = None) -> str:
+        """The owner as a report names it; ``shape``: as the user's code holds it, when
+        known (else the shape of the first view seen)."""
         what = "device tensor" if self.device else ("pinned host tensor" if self.pinned
                                                    else "host tensor")
-        if self.shape is not None:
-            what += f" {self.dtype}{list(self.shape)}"
+        shape = self.shape if shape is None else shape
+        if shape is not None:
+            what += f" {self.dtype}{list(shape)}"
         if not self.device:
-            return f"{what} first copied at {self.alloc_site}"
+            how = "allocated" if self.allocated else "first copied"
+            return f"{what} {how} at {self.alloc_site}"
         if self.alloc_site == BEFORE:
             return f"{what} allocated before watching began"
         return f"{what} allocated at {self.alloc_site}"
@@ -87,15 +95,18 @@ class Unit:
         first, last = lo // self.gran, (hi - 1) // self.gran
         if last - first >= _MAX_ROWS:
             return None
-        return frozenset(range(first, last + 1))
+        return _row_range(first, last + 1)
 
-    def row_text(self, rows) -> str:
-        """Rows as the user's tensor sees them: dimension-0 indices when they line up."""
+    def row_text(self, rows, shape: Optional[Tuple[int, ...]] = None,
+                 nbytes: int = 0) -> str:
+        """Rows as the user's tensor sees them: dimension-0 indices when they line up.
+        ``shape`` and ``nbytes``: the tensor the user's code holds, when known."""
         if rows is None:
             return "all of it"
         lo, hi = min(rows) * self.gran, (max(rows) + 1) * self.gran
-        if self.shape and len(self.shape) > 0 and self.shape[0] > 0 and self.span:
-            row_bytes = self.span // self.shape[0] if self.span % self.shape[0] == 0 else 0
+        shape, span = (shape, nbytes) if shape is not None else (self.shape, self.span)
+        if shape and len(shape) > 0 and shape[0] > 0 and span:
+            row_bytes = span // shape[0] if span % shape[0] == 0 else 0
             if row_bytes and lo % row_bytes == 0 and hi % row_bytes == 0:
                 a, b = lo // row_bytes, hi // row_bytes - 1
                 return f"row {a}" if a == b else f"rows {a}..{b}"
@@ -103,6 +114,12 @@ class Unit:
 
 
 BEFORE = "(before watch)"
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_range(first: int, stop: int) -> FrozenSet[int]:
+    """The rows ``first..stop-1`` (the same views recur every step: built once)."""
+    return frozenset(range(first, stop))
 
 
 def _gran(nbytes: int) -> int:
@@ -114,7 +131,8 @@ def _gran(nbytes: int) -> int:
 
 class Tracker:
     """Feeds one ``Detector``. Handlers never raise on a race: reports go to
-    ``on_report(report, unit, user_frame)``, and the caller decides."""
+    ``on_report(report, unit, user_frame, view)`` (``view``: the tensor the access
+    used), and the caller decides."""
 
     def __init__(self, on_report: Callable, frames: Optional[Frames] = None):
         self.det = Detector()
@@ -122,12 +140,16 @@ class Tracker:
         self.on_report = on_report
         self.stream_ctx: Dict[StreamHandle, CtxId] = {}
         self.stream_site: Dict[StreamHandle, str] = {}
+        self.stream_code: Dict[StreamHandle, str] = {}   # name_stream's expressions
         self._ev_gen: Dict[EventHandle, int] = {}
         self.units: Dict[object, Unit] = {}
         self._host_fin: Dict[object, weakref.finalize] = {}
+        # pinned host storages allocated under watch: address -> (site, its finalizer)
+        self._pinned: Dict[int, Tuple[str, weakref.finalize]] = {}
         self._serial = itertools.count(1)
         self.ops = 0
         self.allocs = 0  # device allocations so far
+        self.paused = False  # the watched program is not running (``Watch.paused``)
 
     # -- streams and events -----------------------------------------------------------
     def ctx(self, sid: StreamHandle) -> CtxId:
@@ -155,6 +177,12 @@ class Tracker:
 
     def stream_name(self, ctx: CtxId) -> str:
         return self.det.ctx_names[ctx]
+
+    def name_stream(self, sid: StreamHandle, desc: str, code: str) -> None:
+        """Name stream ``sid`` by its role (``desc``, e.g. "schedule stream") and by the
+        expression that reaches it in the watched code (``code``), for reports."""
+        self.det.ctx_names[self.ctx(sid)] = desc
+        self.stream_code[sid] = code
 
     def handle_of(self, ctx: CtxId) -> Optional[StreamHandle]:
         for sid, c in self.stream_ctx.items():
@@ -253,11 +281,22 @@ class Tracker:
             self.units[("host", key)] = u
         if u.serial == 0:
             u.serial = next(self._serial)
-            u.alloc_site, u.pinned, u.streams = self._site(), pinned, set()
+            made = self._pinned.get(key)
+            u.alloc_site = made[0] if made else self._site()
+            u.allocated, u.pinned, u.streams = made is not None, pinned, set()
             self._learn(u, t)
             self.det.alloc(u.mem, u.describe(), u.serial)
             self._host_fin[key] = weakref.finalize(t.untyped_storage(), self.host_dead, key)
         return u
+
+    def pinned_allocated(self, key, t) -> None:
+        """Pinned host memory at ``key`` (``t`` views it) was allocated at the user's
+        line now: a report on it names this line rather than its first copy."""
+        old = self._pinned.pop(key, None)
+        if old is not None:
+            old[1].detach()
+        fin = weakref.finalize(t.untyped_storage(), self._pinned.pop, key, None)
+        self._pinned[key] = (self._site(), fin)
 
     def host_unit_if_tracked(self, key) -> Optional[Unit]:
         u = self.units.get(("host", key))
@@ -287,6 +326,9 @@ class Tracker:
         for fin in self._host_fin.values():
             fin.detach()
         self._host_fin.clear()
+        for _, fin in self._pinned.values():
+            fin.detach()
+        self._pinned.clear()
 
     # -- accesses ---------------------------------------------------------------------
     def op(self, name: str, is_copy: bool = False) -> Tuple[WatchOp, object]:
@@ -302,7 +344,7 @@ class Tracker:
             return None
         rep = self.det.access(ctx, u.mem, write, rows, op, clock)
         if rep is not None:
-            self.on_report(rep, u, frame)
+            self.on_report(rep, u, frame, t)
         return rep
 
     def host_access(self, u: Unit, t, write: bool, op: WatchOp, frame) -> Optional[RaceReport]:

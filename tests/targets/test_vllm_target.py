@@ -7,9 +7,14 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import importlib.util
+
 import pytest
 
-pytest.importorskip("vllm")
+if importlib.util.find_spec("vllm") is None:
+    # not imported here: the target imports vLLM itself, with its environment set first
+    # (TRITON_INTERPRET for the real runner's tests in the same process)
+    pytest.skip("vLLM is not installed", allow_module_level=True)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
@@ -108,7 +113,7 @@ def test_async_equals_sync_tokens(seed):
 
 
 def test_parity_compares_tokens_only():
-    assert TARGET.checker_context(SMALL) == {"parity_accept": False}
+    assert TARGET.checker_context(SMALL)["parity_accept"] is False
 
 
 CLEAN = {
@@ -136,7 +141,9 @@ FAULT_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
+# the runner faults run on the real runner (tests/targets/test_vllm_real_runner.py)
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items()
+                                         if f.extra["layer"] == "scheduler"))
 def test_fault_caught_by_its_checker(name):
     fault, cfg = FAULTS[name], FAULT_CASES[name]
     caught = []

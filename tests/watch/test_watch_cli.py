@@ -136,3 +136,71 @@ def test_the_command_alone_as_a_module():
     p = subprocess.run(run + ["--device", "cpu", "--", "python", RACY], capture_output=True,
                        text=True, cwd=ROOT, env=env, timeout=300)
     assert p.returncode == 1 and "race (host-read-before-copy)" in p.stderr
+
+
+LAUNCHER = """\
+import sys
+from overlapcheck.cli import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_stacks_end_at_the_program_not_at_the_launcher(tmp_path):
+    """Run as an installed console script runs it (a launcher file outside
+    site-packages): the launcher's frame is not the program's."""
+    launcher = tmp_path / "bin" / "overlapcheck"
+    launcher.parent.mkdir()
+    launcher.write_text(LAUNCHER)
+    script = _script(tmp_path, """
+        import torch
+
+        def step(x):
+            x.add_(1)
+
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            x = torch.zeros(4, device="cuda")
+        with torch.cuda.stream(b):
+            step(x)
+    """)
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, str(launcher), "watch", "--device", "cpu", "--json",
+                        str(out), "--", "python", script], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=300)
+    assert p.returncode == 1, p.stderr
+    (race,) = json.loads(out.read_text())["races"]
+    assert race["current"]["stack"] == ["prog.py:5 in step", "prog.py:11 in <module>"]
+    assert race["previous"]["stack"] == ["prog.py:9 in <module>"]
+    assert "overlapcheck:" not in p.stderr, p.stderr
+
+
+def test_the_summary_counts_the_tensors_a_race_was_seen_on(tmp_path):
+    script = _script(tmp_path, """
+        import torch
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            bufs = [torch.zeros(4, device="cuda") for _ in range(10)]
+        for t in bufs:
+            with torch.cuda.stream(b):
+                t.add_(1)
+    """)
+    p = watch("--device", "cpu", "--", "python", script)
+    assert p.returncode == 1, p.stderr
+    *_, seen, last = p.stderr.strip().splitlines()
+    assert seen.startswith("overlapcheck watch: race [watch-")
+    assert seen.endswith("] seen 10 times, on 10 tensors: 10 x device tensor float32[4] "
+                         "allocated at prog.py:5")
+    assert last.startswith("overlapcheck watch (cpu): 1 race (10 occurrences, on 10 tensors) in")
+
+
+def test_the_summary_line_counts_in_words(tmp_path):
+    script = _script(tmp_path, """
+        import torch
+        torch.zeros(2, device="cuda")
+    """)
+    p = watch("--device", "cpu", "--", "python", script)
+    assert p.returncode == 0, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == "overlapcheck watch (cpu): no race in 1 op on 1 stream"

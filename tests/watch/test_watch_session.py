@@ -159,13 +159,14 @@ def _copy_into_pinned():
 
 @pytest.mark.parametrize("read", [
     lambda p: np.asarray(p),
-    lambda p: p.numpy(),
+    lambda p: p.numpy().tolist(),
+    lambda p: p.numpy()[1],
     lambda p: p[1].item(),
     lambda p: int(p[2]),
     lambda p: bool(p[0] == 3),
     lambda p: p.sum(),
     lambda p: p[1:3].tolist(),
-], ids=["np.asarray", "numpy", "item", "int", "compare", "sum", "slice-tolist"])
+], ids=["np.asarray", "numpy-tolist", "numpy-index", "item", "int", "compare", "sum", "slice-tolist"])
 def test_host_reads_of_pinned_memory(read):
     with watch(device="cpu", mode="log") as w:
         pinned, done = _copy_into_pinned()
@@ -175,6 +176,43 @@ def test_host_reads_of_pinned_memory(read):
         pinned, done = _copy_into_pinned()
         done.synchronize()
         read(pinned)
+    assert w.reports == []
+
+
+def test_a_numpy_view_of_pinned_memory_reads_when_it_is_read():
+    """A view made before the copy lands is not a read; reading it after the copy's
+    event is clean, reading it before is a race (vLLM's async_copy_to_np pattern)."""
+    for sync in (True, False):
+        with watch(device="cpu", mode="log") as w:
+            pinned, done = _copy_into_pinned()
+            view = pinned.numpy()
+            head = view[:2]
+            if sync:
+                done.synchronize()
+            assert head.tolist() == [0, 1]
+        assert [r.kind for r in w.reports] == ([] if sync else ["host-read-before-copy"])
+
+
+def test_writes_through_a_numpy_view_of_a_staging_buffer_are_seen():
+    def program(sync: bool):
+        s, done = torch.cuda.Stream(), torch.cuda.Event()
+        staging = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        view = staging.numpy()
+        with torch.cuda.stream(s):
+            dev = torch.empty(4, dtype=torch.int64, device="cuda")
+            dev.copy_(staging, non_blocking=True)
+        done.record(s)
+        if sync:
+            done.synchronize()
+        view[1:3] = [5, 6]
+        np.cumsum(np.arange(4), out=view)
+
+    with watch(device="cpu", mode="log") as w:
+        program(False)
+    assert [r.kind for r in w.reports] == ["host-write-during-copy"] * 2
+    assert [r.rows for r in w.reports] == ["rows 1..2", "all of it"]
+    with watch(device="cpu", mode="log") as w:
+        program(True)
     assert w.reports == []
 
 
@@ -237,3 +275,104 @@ def test_device_tensors_stay_on_the_device_until_copied():
         with pytest.raises(TypeError):
             x.numpy()
     assert w.reports == []
+
+
+def test_one_race_seen_on_many_tensors_says_so():
+    """The same two lines racing on ten tensors are one race, on ten tensors."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            bufs = [torch.zeros(4 if i < 9 else 6, device="cuda") for i in range(10)]
+        for t in bufs + bufs[:1]:  # the first tensor twice
+            with torch.cuda.stream(b):
+                t.add_(1)
+    (r,) = w.reports
+    assert r.count == 11 and r.tensors == 10
+    text = str(r)
+    line = r.previous["frame"]  # where the tensors were allocated
+    first = test_one_race_seen_on_many_tensors_says_so.__code__.co_firstlineno
+    assert line.endswith(f":{first + 5}")
+    assert text.splitlines()[0].startswith(
+        "race (stream-stream) on 10 tensors, the first `t`, device tensor float32[4] allocated")
+    assert (f"(seen 11 times, on 10 tensors: 9 x device tensor float32[4] allocated at "
+            f"{line}, 1 x device tensor float32[6] allocated at {line})") in text, text
+    assert r.to_json()["tensors"] == 10
+    assert w.summary()["tensors"] == 10 and w.summary()["occurrences"] == 11
+
+
+def test_an_op_that_reads_and_writes_one_tensor_writes_it():
+    """``torch.mul(x, 5, out=x)`` reads and writes ``x``: one access, a write."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            x = torch.zeros(4, device="cuda")
+        with torch.cuda.stream(b):
+            torch.mul(x, 5, out=x)
+    (r,) = w.reports
+    assert r.current["op"] == "mul" and r.current["write"] and r.count == 1
+    assert "writes it in 'mul'" in str(r)
+
+
+def test_a_tensor_is_described_as_the_code_holds_it():
+    """``x`` is a [5, 2] view of a flat allocation: the report describes ``x``, and the
+    rows are its rows, not the flat allocation's elements."""
+    with watch(device="cpu", mode="log") as w:
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            x = torch.arange(10, device="cuda").view(5, 2)
+        with torch.cuda.stream(b):
+            x[0:2].add_(1)
+    (r,) = w.reports
+    assert r.memory.startswith("device tensor int64[5, 2] allocated at "), r.memory
+    assert r.rows == "rows 0..1" and r.variable == "x"
+    assert str(r).startswith("race (stream-stream) on `x`, device tensor int64[5, 2] allocated")
+
+
+def _launch(schedule, forward, table):
+    with torch.cuda.stream(schedule):
+        indices = torch.arange(0, 2, device="cuda")
+    forward.wait_stream(schedule)
+    with torch.cuda.stream(forward):
+        out = table.index_select(0, indices)
+    return out  # indices is freed when this frame goes, at the caller's line
+
+
+def test_reuse_advice_points_where_the_freed_tensor_still_exists():
+    with watch(device="cpu", mode="log") as w:
+        schedule, forward = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(schedule):
+            table = torch.zeros(4, 8, device="cuda")
+        _launch(schedule, forward, table)
+        with torch.cuda.stream(schedule):
+            torch.arange(2, 4, device="cuda")  # takes the freed block of indices
+    (r,) = w.reports
+    assert r.kind == "reuse"
+    use = _launch.__code__.co_firstlineno + 5
+    assert r.previous["frame"].endswith(f":{use}")
+    here = r.previous["frame"].rsplit(":", 1)[0]
+    freed = test_reuse_advice_points_where_the_freed_tensor_still_exists.__code__.co_firstlineno
+    assert r.missing_edge.startswith(
+        f"the previous owner was freed at {here}:{freed + 5} while `forward` could still use "
+        f"it: call `.record_stream(forward)` on it after line {use} of {here}, where "
+        f"`forward` uses it, or add"), r.missing_edge
+
+
+def _fill(staging, dev):
+    staging.copy_(dev, non_blocking=True)
+
+
+@pytest.mark.parametrize("pinned", [
+    lambda: torch.empty(4, dtype=torch.int64, pin_memory=True),
+    lambda: torch.zeros(4, dtype=torch.int64).pin_memory(),
+], ids=["pin_memory=True", "pin_memory()"])
+def test_a_pinned_buffer_is_described_by_its_allocation(pinned):
+    with watch(device="cpu", mode="log") as w:
+        s = torch.cuda.Stream()
+        staging = pinned()
+        with torch.cuda.stream(s):
+            _fill(staging, torch.arange(4, device="cuda"))  # its first copy
+        staging.tolist()
+    (r,) = w.reports
+    made = pinned.__code__.co_firstlineno
+    assert r.memory.startswith("pinned host tensor int64[4] allocated at "), r.memory
+    assert r.memory.endswith(f"test_watch_session.py:{made}"), r.memory

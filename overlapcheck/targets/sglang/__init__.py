@@ -33,7 +33,8 @@ class SglangTarget(Target):
     install = env.INSTALL
     config_type = SglangConfig
     case_strategy = "overlapcheck.targets.sglang.strategies:cases"
-    case_options = ()
+    case_options = ("config",)
+    engine_logs = True        # its log lines go where targets.logs says (fuzz: --out)
     checkers = {"sglang-golden": "overlapcheck.targets.sglang.checkers:SglangGolden"}
 
     def version(self) -> str:
@@ -71,14 +72,16 @@ class SglangTarget(Target):
         verify's own context; in real-forward mode the tiny Llama's greedy continuation
         (``golden.LlamaGolden``, transformers on the same checkpoint).
 
-        ``parity_accept`` is off: parity compares accept lengths by the request's verify
-        count, which a retraction shifts in SGLang — its re-prefill of prompt + output
-        samples a token (the reference engine's re-prefill samples none), so every
-        later verify starts one position on. The tokens stay equal, and the golden
-        checker's accept lengths are exact regardless."""
-        from .golden import Golden, LlamaGolden
-        golden = Golden(cfg) if cfg.model == "fake" else LlamaGolden(cfg)
-        return {"golden": golden, "parity_accept": False}
+        Parity compares accept lengths by the request's verify count, which a
+        retraction shifts in SGLang — its re-prefill of prompt + output samples a token
+        (the reference engine's re-prefill samples none), so every later verify starts
+        one position on. With the fake worker ``parity_accept`` is off (the golden
+        checker's accept lengths are exact regardless); with a real spec worker, whose
+        draft no golden model mirrors, parity compares them for each request until
+        either run retracts it (``"unretracted"``)."""
+        from .golden import golden_for
+        return {"golden": golden_for(cfg),
+                "parity_accept": "unretracted" if cfg.real_worker else False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
         from ...protocol.types import SEEDED
@@ -122,9 +125,11 @@ class SglangTarget(Target):
              faults: Sequence[str] = (), *, device: str = "sim", detect: bool = True,
              trace: bool = False, model=None, **options):
         """A session on a built scheduler for ``cfg`` with ``faults`` switched on as
-        well as the config's. The target has no device model: ``device`` must be one
-        without a GPU (it runs on the CPU as on the sim); ``detect`` and ``trace`` have
-        nothing to act on; the model is the config's (``model``: none may be passed)."""
+        well as the config's. ``device`` must be one without a GPU (SGLang runs on the
+        CPU as on the sim). ``detect``: a real spec worker runs under ``watch``'s CPU
+        shim on SGLang's CUDA path, its races reported (``cuda_path``); the fake
+        worker has no device model to watch. ``trace`` has nothing to act on; the
+        model is the config's (``model``: none may be passed)."""
         from ...device import device_info
         if options:
             raise ValueError(f"unknown run option {sorted(options)[0]!r} for the sglang target")
@@ -138,8 +143,11 @@ class SglangTarget(Target):
         if faults:
             cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults)
                                                                       + tuple(faults))))
+        from .. import logs
         from . import build
         if not build.imported():
             self.version()      # before SGLang's import: one line when it is missing
         from .session import SglangSession
-        return SglangSession(build.build(cfg), cfg, strategy, observer)
+        with logs.routed():
+            built = build.build(cfg)
+        return SglangSession(built, cfg, strategy, observer, detect=detect)

@@ -91,16 +91,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_args(cfg: SglangConfig, path: str):
+def model_paths(cfg: SglangConfig) -> "tuple[str, str]":
+    """(target, draft) checkpoint directories: the spec pair for a real worker (the
+    Gemma4 pair for the frozen-KV MTP worker), else the tiny Llama (the fake worker's
+    draft needs no weights: its path is the target's)."""
+    if cfg.worker == "frozen-kv-mtp-v2":
+        return checkpoint.mtp_pair_dirs(cfg.vocab, cfg.context)
+    if cfg.real_worker:
+        return checkpoint.pair_dirs(cfg.vocab, cfg.context)
+    path = checkpoint.model_dir(cfg.vocab, cfg.context)
+    return path, path
+
+
+def server_args(cfg: SglangConfig, path: str, draft: str = ""):
     from sglang.srt.server_args import ServerArgs
     spec = {}
     if cfg.spec_steps:
-        spec = dict(speculative_algorithm="EAGLE", speculative_draft_model_path=path,
+        spec = dict(speculative_algorithm="EAGLE", speculative_draft_model_path=draft or path,
                     speculative_num_steps=cfg.spec_steps, speculative_eagle_topk=1,
                     speculative_num_draft_tokens=cfg.spec_steps + 1)
+    # a real spec worker runs SGLang's Triton attention backend (its kernels' CPU twins,
+    # twins.py): the torch-native backend has no EAGLE draft or verify support, and
+    # SGLang refuses it for Gemma4 (arg_groups/model_hook.py l.656)
     return ServerArgs(
         model_path=path, tokenizer_path=path, skip_tokenizer_init=True, device="cpu",
-        attention_backend="torch_native", sampling_backend="pytorch",
+        attention_backend="triton" if cfg.real_worker else "torch_native",
+        sampling_backend="pytorch",
         load_format="dummy" if cfg.model == "fake" else "safetensors",
         dtype="float32", random_seed=0, disable_cuda_graph=True,
         disable_radix_cache=True, page_size=cfg.page_size,
@@ -139,10 +155,10 @@ def _construct(cfg: SglangConfig, key) -> Built:
     from sglang.srt.server_args import PortArgs
     from .worker import FakeModelWorker
 
-    path = checkpoint.model_dir(cfg.vocab, cfg.context)
+    path, draft = model_paths(cfg)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_cpu_overrides(cfg))
-        sa = server_args(cfg, path)
+        sa = server_args(cfg, path, draft)
         pa = PortArgs.init_new(sa)
         ctx = rc.create_context(sa, role="scheduler",
                                 ranks=rc.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
@@ -177,7 +193,8 @@ def _cpu_overrides(cfg: SglangConfig) -> Iterator[None]:
     saved = [(speculative_hook, "_disable_overlap_schedule_for_cpu"),
              (sched_mod, "create_scheduler_watchdog"),
              (kv_cache_configurator, "gc")]
-    if cfg.spec_steps:
+    fake_spec = cfg.spec_steps and not cfg.real_worker
+    if fake_spec:
         saved += [(spec_info.SpeculativeAlgorithm, "create_worker"),
                   (memory_pool.MHATokenToKVPool, "_init_kv_copy_and_warmup")]
     saved = [(owner, attr, owner.__dict__[attr]) for owner, attr in saved]
@@ -185,7 +202,7 @@ def _cpu_overrides(cfg: SglangConfig) -> Iterator[None]:
     sched_mod.create_scheduler_watchdog = (
         lambda scheduler, watchdog_timeout, soft=False: Watchdog.create("Scheduler", None))
     kv_cache_configurator.gc = _NoCollect
-    if cfg.spec_steps:
+    if fake_spec:
         # the draft worker SGLang would build; and the KV pool's tiled-copy warm-up, a
         # Triton launch (the copy serves topk > 1 tree compaction only; topk is 1 here)
         spec_info.SpeculativeAlgorithm.create_worker = lambda self, server_args: FakeSpecWorker

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Tuple
 
+from .worker_kinds import REAL_WORKERS, WORKERS  # noqa: F401  (the spec worker)
+
 MODELS = ("fake", "real")
 
 
@@ -24,6 +26,7 @@ class SglangConfig:
     vocab: int = 64
     agreement: int = 70             # percent of drafts the fake model accepts (seeded)
     model: str = "fake"             # fake: the deterministic fake worker; real: tiny Llama
+    worker: str = "fake"            # the spec worker (WORKERS); a real one needs model real
     step_bound: int = 4000          # host iterations before EngineStuck
     faults: Tuple[str, ...] = ()    # target faults (see ``faults.FAULTS``)
 
@@ -53,8 +56,16 @@ class SglangConfig:
         need(8 <= self.vocab <= 1 << 16, f"vocab must be in 8..65536, got {self.vocab}")
         need(0 <= self.agreement <= 100, f"agreement must be in 0..100, got {self.agreement}")
         need(self.model in MODELS, f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        need(self.model == "fake" or self.spec_steps == 0,
-             "spec decode needs the fake worker (SGLang's drafts need CUDA kernels)")
+        need(self.worker in WORKERS,
+             f"worker must be one of {', '.join(WORKERS)}, got {self.worker!r}")
+        if self.worker == "fake":
+            need(self.model == "fake" or self.spec_steps == 0,
+                 "spec decode on the real model needs a real spec worker (worker: eagle-v2)")
+        else:
+            need(self.model == "real", f"worker {self.worker} runs the real tiny pair: "
+                                       f"model must be real")
+            need(self.spec_steps >= 1, f"worker {self.worker} is a spec worker: spec_steps "
+                                       f"must be in 1..4")
         need(self.step_bound >= 16, f"step_bound must be >= 16, got {self.step_bound}")
         need(isinstance(self.faults, tuple) and all(isinstance(x, str) for x in self.faults),
              f"faults must be a list of names, got {self.faults!r}")
@@ -78,7 +89,12 @@ class SglangConfig:
     def build_key(self) -> tuple:
         """What the built scheduler depends on (everything but the drive settings)."""
         return (self.overlap, self.spec_steps, self.page_size, self.pool_tokens, self.max_running,
-                self.chunk_size, self.context, self.vocab, self.model)
+                self.chunk_size, self.context, self.vocab, self.model, self.worker)
+
+    @property
+    def real_worker(self) -> bool:
+        """Does SGLang's own spec-v2 worker run (with its Triton kernels' CPU twins)?"""
+        return self.worker in REAL_WORKERS
 
 
 def to_dict(cfg: SglangConfig) -> dict:
@@ -95,6 +111,10 @@ def from_dict(d: dict) -> SglangConfig:
     if unknown:
         raise ValueError(f"sglang config: unknown field {unknown[0]!r}")
     d = dict(d)
+    if d.get("worker") in REAL_WORKERS:
+        # a real worker runs the real tiny pair with spec decode: say so by default
+        d.setdefault("model", "real")
+        d.setdefault("spec_steps", 2)
     if "faults" in d:
         if not isinstance(d["faults"], (list, tuple)):
             raise ValueError(f"sglang config: faults must be a list of names, got {d['faults']!r}")

@@ -40,6 +40,11 @@ ENV: Dict[str, str] = {
     "SGLANG_USE_CPU_ENGINE": "0",       # the plain torch path, not the AMX CPU engine
     "SGLANG_IS_IN_CI": "0",             # keeps SGLang's torch.compile'd debug asserts off
     "SGLANG_USE_MESSAGE_QUEUE_BROADCASTER": "0",
+    # Triton kernels become interpreted functions when they are defined: the real spec
+    # workers' launches then reach their CPU twins (twins.py), or the interpreter
+    "TRITON_INTERPRET": "1",
+    # no progress bar per checkpoint load (tqdm reads this when it is imported)
+    "TQDM_DISABLE": "1",
 }
 
 STUBBED_ROOTS = ("torchvision", "vllm")

@@ -1,5 +1,6 @@
 """The model's own continuation, with no engine: the golden reference (the fake
-model's, ``Golden``; the tiny Llama's, ``LlamaGolden``).
+model's, ``Golden``; the tiny Llama's, ``LlamaGolden``; the frozen-KV MTP pair's
+Gemma4 target's, ``Gemma4Golden``).
 
 ``Golden(cfg).next(spec, tokens)`` is the token the fake model gives after ``tokens``
 (prompt plus output so far) for a request with ``spec``'s seed and sampling, computed
@@ -62,7 +63,7 @@ class LlamaGolden:
     k = 0
 
     def __init__(self, cfg):
-        self.model = _hf_llama(cfg.vocab, cfg.context)
+        self.model = _hf_llama(cfg.vocab, cfg.context, cfg.real_worker)
 
     @staticmethod
     def covers(spec) -> bool:
@@ -75,14 +76,49 @@ class LlamaGolden:
         return int(torch.argmax(logits[0, -1]))
 
 
+class Gemma4Golden(LlamaGolden):
+    """The Gemma4 target's own greedy continuation (worker ``frozen-kv-mtp-v2``):
+    transformers' ``Gemma4ForCausalLM`` on the checkpoint SGLang loads, its sliding
+    window included, one request at a time."""
+
+    def __init__(self, cfg):
+        self.model = _hf_gemma4(cfg.vocab, cfg.context)
+
+
+def golden_for(cfg):
+    """The golden reference of ``cfg``'s model."""
+    if cfg.model == "fake":
+        return Golden(cfg)
+    return Gemma4Golden(cfg) if cfg.worker == "frozen-kv-mtp-v2" else LlamaGolden(cfg)
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_gemma4(vocab: int, context: int):
+    from safetensors.torch import load_file
+    from transformers import Gemma4ForCausalLM
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+    from . import checkpoint
+    path = checkpoint.mtp_pair_dirs(vocab, context)[0]
+    # eos: one past the vocabulary (never sampled); greedy decoding to a length needs none
+    cfg = {k: v for k, v in checkpoint.gemma_config(vocab, context).items()
+           if k not in ("architectures", "model_type")}
+    cfg["eos_token_id"] = None
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**cfg, attn_implementation="eager"))
+    model.load_state_dict(load_file(f"{path}/model.safetensors"))
+    return model.float().eval()
+
+
 @functools.lru_cache(maxsize=4)
-def _hf_llama(vocab: int, context: int):
-    """transformers' Llama on the target's checkpoint (kept: loading costs seconds)."""
+def _hf_llama(vocab: int, context: int, pair: bool = False):
+    """transformers' Llama on the target's checkpoint (the spec pair's target with
+    ``pair``; kept: loading costs seconds)."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
     from . import checkpoint
-    path = checkpoint.model_dir(vocab, context)
-    model = LlamaForCausalLM(LlamaConfig(**checkpoint.config(vocab, context),
-                                         attn_implementation="eager"))
+    path = checkpoint.pair_dirs(vocab, context)[0] if pair else checkpoint.model_dir(vocab, context)
+    # eos: SGLang's config names one past the vocabulary (never sampled); the golden
+    # model decodes greedily to a length and needs none (transformers warns about it)
+    cfg = dict(checkpoint.config(vocab, context), eos_token_id=None)
+    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="eager"))
     model.load_state_dict(load_file(f"{path}/model.safetensors"))
     return model.float().eval()

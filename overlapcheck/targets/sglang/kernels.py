@@ -23,16 +23,21 @@ def assign_req_to_token_pool(req_pool_indices: torch.Tensor, req_to_token: torch
                              out_cache_loc: torch.Tensor, batch_size: int) -> None:
     """``allocation.assign_req_to_token_pool``: request ``i``'s cells
     ``[start_i, end_i)`` of row ``req_pool_indices[i]`` get the next ``end_i -
-    start_i`` entries of ``out_cache_loc`` (requests packed in batch order)."""
-    rows = req_pool_indices[:batch_size].tolist()
-    starts = start_offset[:batch_size].tolist()
-    ends = end_offset[:batch_size].tolist()
-    off = 0
-    for row, a, b in zip(rows, starts, ends):
-        n = int(b) - int(a)
-        if n > 0:
-            req_to_token[int(row), int(a):int(b)] = out_cache_loc[off:off + n].to(req_to_token.dtype)
-        off += max(n, 0)
+    start_i`` entries of ``out_cache_loc`` (requests packed in batch order). One
+    device kernel: it reads its arguments on the device, never on the host."""
+    from overlapcheck.watch.kernel import device_kernel
+    from .twins import _flat, _np
+    reads = (req_pool_indices, start_offset, end_offset, out_cache_loc)
+    with device_kernel("assign_req_to_token_pool", reads, (req_to_token,)):
+        rows, starts, ends = _np(req_pool_indices), _np(start_offset), _np(end_offset)
+        table, locs = _np(req_to_token), _flat(out_cache_loc)
+        off = 0
+        for i in range(batch_size):
+            a, b = int(starts[i]), int(ends[i])
+            n = b - a
+            if n > 0:
+                table[int(rows[i]), a:b] = locs[off:off + n]
+            off += max(n, 0)
 
 
 # (module, attribute) -> replacement

@@ -17,7 +17,10 @@ the previous step:
   free + owned exceed the total, which kv-accounting's pool formula shows (the formula
   SGLang itself asserts at idle: available + evictable + protected == total; the radix
   cache is off, so evictable and protected are 0); SGLang has no pending-free slots;
-* ``RowAssigned``/``RowReleased`` follow ``req.kv.req_pool_idx``;
+* ``RowAssigned``/``RowReleased`` follow ``req.kv.req_pool_idx``, in the order SGLang
+  must have made them: within a step every release comes before every assignment (a
+  row is free before it is handed out again; a request that took the row of one that
+  ended in the same step did so after it was freed), whatever the requests' order;
 * request states: waiting (in the waiting queue), prefilling (holding a row, no output
   yet), running, finished, aborted; a retraction (``retraction_count`` grows) is
   ``Retracted``.
@@ -43,8 +46,7 @@ class Observer:
         self.s = scheduler
         self.page_size = page_size
         self.emit = emit
-        alloc = scheduler.token_to_kv_pool_allocator
-        self.total = alloc.size
+        self.total = _full_allocator(scheduler).size
         self.row_width = scheduler.req_to_token_pool.req_to_token.shape[1]
         self.rows_total = scheduler.req_to_token_pool.size
         self.owner: Dict[int, Tuple[int, str, int]] = {}     # slot -> (rid, purpose, step)
@@ -55,7 +57,7 @@ class Observer:
     # -- reading SGLang ---------------------------------------------------------------------
     def free_slots(self) -> Tuple[int, List[int]]:
         """(count as the allocator reports it, the slots it lists)."""
-        a = self.s.token_to_kv_pool_allocator
+        a = _full_allocator(self.s)
         if hasattr(a, "get_all_free_pages"):           # paged: free + staged pages
             pages = [int(x) for x in a.get_all_free_pages().tolist()]
         else:                                          # page size 1: free + release
@@ -102,16 +104,7 @@ class Observer:
                     if self.owner.get(s, (None,))[0] == rid:
                         del self.owner[s]
                     self.by_rid[rid].discard(s)
-        # rows
-        for rid, req in live.items():
-            row = req.kv.req_pool_idx
-            old = self.rows.get(rid)
-            if old is not None and row != old:
-                self.emit(E.RowReleased(it, batch, rid, old))
-                del self.rows[rid]
-            if row is not None and row != old:
-                self.emit(E.RowAssigned(it, batch, rid, int(row)))
-                self.rows[rid] = int(row)
+        self._rows(it, batch, live, reasons)
         # slots entering a request
         for rid in sorted(now):
             new = sorted(s for s in now[rid] if self.owner.get(s, (None,))[0] != rid)
@@ -134,13 +127,32 @@ class Observer:
                     self.by_rid.setdefault(rid, set()).add(s)
         self._nfree = nfree
 
-    def drop_row(self, it: int, batch: int, rid: int) -> None:
-        """A request left the scheduler: release its row if it still held one."""
-        old = self.rows.pop(rid, None)
-        if old is not None and not _row_still_held(self.s, old):
-            self.emit(E.RowReleased(it, batch, rid, old))
-        elif old is not None:
-            self.rows[rid] = old
+    def _rows(self, it: int, batch: int, live: Dict[int, object],
+              reasons: Dict[int, str]) -> None:
+        """The step's row releases, all of them, then its assignments. A request that
+        ends this step (``reasons``: finish, abort) gives its row back if SGLang's pool
+        has it free or another request holds it now; a request that ended before and
+        kept a row (SGLang had not freed it yet) gives it back the same way."""
+        ending = {rid for rid, why in reasons.items() if why in ("finish", "abort")}
+        now: Dict[int, int] = {}
+        for rid, req in live.items():
+            row = req.kv.req_pool_idx
+            if row is not None and rid not in ending:
+                now[rid] = int(row)
+        claimed = {row: rid for rid, row in now.items()}
+        for rid in sorted(self.rows):
+            old = self.rows[rid]
+            if rid in now:
+                gone = now[rid] != old
+            else:        # ending now, or ended earlier: free in the pool, or taken
+                gone = claimed.get(old, rid) != rid or not _row_still_held(self.s, old)
+            if gone:
+                self.emit(E.RowReleased(it, batch, rid, old))
+                del self.rows[rid]
+        for rid, row in now.items():
+            if self.rows.get(rid) != row:
+                self.emit(E.RowAssigned(it, batch, rid, row))
+                self.rows[rid] = row
 
     def snapshot(self, states: Dict[int, Tuple[str, object]], inflight: Tuple[int, ...],
                  idle: bool) -> E.Snapshot:
@@ -159,6 +171,14 @@ class Observer:
             rows_free=self.s.req_to_token_pool.available_size(), idle=idle, syncs=0,
             declared_syncs=0, page_size=self.page_size, row_width=self.row_width,
             rows_total=self.rows_total)
+
+
+def _full_allocator(s):
+    """The allocator of the slots request->token rows hold: SGLang's own, or with a
+    sliding-window model (Gemma4) the full-attention half of its hybrid allocator,
+    whose slots map to the window pool's (``full_to_swa_index_mapping``)."""
+    a = s.token_to_kv_pool_allocator
+    return getattr(a, "full_attn_allocator", a)
 
 
 def _row_still_held(s, row: int) -> bool:

@@ -55,7 +55,7 @@ class SglangSession(Session):
     """One run of a built scheduler (``build.Built``) for ``cfg``; its decisions come
     from ``strategy``, its events go to ``observer``."""
 
-    def __init__(self, built, cfg, strategy, observer):
+    def __init__(self, built, cfg, strategy, observer, detect: bool = True):
         self.built = built
         self.s = built.scheduler
         self.cfg = cfg
@@ -66,6 +66,12 @@ class SglangSession(Session):
         self.bid = -1
         self._patches: Optional[contextlib.ExitStack] = None
         self._closed = False
+        self.launches = None        # a real worker's Triton launches (twins.Launches)
+        # a real worker runs SGLang's CUDA path under watch's CPU shim (cuda_path)
+        self.watched = bool(detect and cfg.real_worker)
+        self.watch = None
+        self._races: List[object] = []   # watch reports not yet emitted
+        self.race_reports: List[object] = []
 
     @property
     def engine(self):
@@ -123,9 +129,17 @@ class SglangSession(Session):
         self._patches = contextlib.ExitStack()
         try:
             with self._patches:
+                from .. import logs
+                self._patches.enter_context(logs.routed())
                 self._patches.enter_context(self.built.active())
                 self._patches.enter_context(DynamicGradMode())
                 self._patches.enter_context(cpu_kernels())
+                if self.cfg.real_worker:
+                    from .real_worker import running, upstream_fixes
+                    fixes = upstream_fixes(self.cfg.worker, self.cfg.overlap)
+                    self.launches = self._patches.enter_context(running(self.s, fixes=fixes))
+                if self.watched:
+                    self._enter_watch(self._patches)
                 self._patches.enter_context(applied(self.cfg.faults))
                 # a run that raises leaves the scheduler in a state no flush is trusted
                 # to undo: the next session builds a fresh one
@@ -136,6 +150,29 @@ class SglangSession(Session):
             self._patches = None
         self.emit(E.RunEnd(self.iteration, -1, result))
         return result
+
+    def _enter_watch(self, stack: contextlib.ExitStack) -> None:
+        """Run under ``watch``'s CPU shim on SGLang's CUDA path (``cuda_path``); its
+        races are reported at SGLang's own lines and become ``RaceFound`` events."""
+        import os
+
+        import sglang
+
+        from overlapcheck.watch import watch
+        from .cuda_path import on_shim
+        root = os.path.dirname(os.path.abspath(sglang.__file__))
+        self.watch = stack.enter_context(watch(device="cpu", mode="collect",
+                                               user_roots=(root,),
+                                               on_report=self._races.append))
+        stack.enter_context(on_shim(self.s))
+
+    def _ours(self):
+        """The block is the session's own bookkeeping, not SGLang's run: unwatched."""
+        return self.watch.paused() if self.watch is not None else contextlib.nullcontext()
+
+    @property
+    def races(self) -> list:
+        return self.race_reports
 
     def close(self) -> None:
         """Idempotent. Every patch is already undone when ``run`` returns or raises;
@@ -196,8 +233,9 @@ class SglangSession(Session):
         s.running_batch = type(s.running_batch).init_new(
             [], s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache,
             s.model_config, s.enable_overlap, s.spec_algorithm)
-        s.schedule_stream.synchronize = lambda: None       # as run_event_loop on CPU
-        s._war_barrier_enabled = False                     # CUDA only
+        if not self.watched:
+            s.schedule_stream.synchronize = lambda: None   # as run_event_loop on CPU
+            s._war_barrier_enabled = False                 # CUDA only (cuda_path turns it on)
         s.enable_continuous_input_polling = False
         s.enable_skip_finishing_decode = bool(s.enable_overlap)
         s.result_queue = deque()
@@ -298,6 +336,10 @@ class SglangSession(Session):
         bid = self.bid if bid is None else bid
         before = {id(r): len(visible(r)) for r in batch.reqs}
         self.s.process_batch_result(batch, result)
+        with self._ours():
+            self._processed(batch, result, bid, before)
+
+    def _processed(self, batch, result, bid: int, before) -> None:
         decode = batch.forward_mode.is_decode()
         accepts = None
         if decode and result.accept_lens is not None:
@@ -332,7 +374,15 @@ class SglangSession(Session):
                 self.reqs[rid] = req
 
     def _observe(self, it: int, specs) -> None:
+        with self._ours():
+            self._observed(it, specs)
+
+    def _observed(self, it: int, specs) -> None:
         s = self.s
+        for rep in self._races:
+            self.race_reports.append(rep)
+            self.emit(E.RaceFound(it, -1, rep))
+        self._races.clear()
         self._track_new()
         aborted_out = {self._rid_str(o.rid) for o in self.built.pipes.outbox
                        if type(o).__name__ == "AbortReq" and o.rid}
@@ -362,7 +412,6 @@ class SglangSession(Session):
                 self.emit(E.Retracted(it, -1, rid, int(req.kv.kv_committed_len)))
         for rid, req, abort in ending:
             self.ended[rid] = "abort" if abort else _reason(req)
-            self.obs.drop_row(it, -1, rid)
             if abort:
                 self.emit(E.Aborted(it, -1, rid, tuple(visible(req))))
             else:

@@ -15,18 +15,23 @@ distinct size tuple and kept (``build``): the palette keeps the builds few, the 
 still span a pool that cannot hold two requests and one that holds them all.
 ``faults`` are switched on in every case and never drawn: nothing here knows their
 names.
+
+``config`` (``fuzz --config``) holds config fields fixed and draws the others around
+them: ``worker: eagle-v2`` fuzzes SGLang's own spec worker (always spec decode, the
+real tiny pair, greedy requests), the loop, spec steps, pools and workloads still
+drawn.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hypothesis import strategies as st
 
 from ...protocol.types import GREEDY, SEEDED, RequestSpec
 from ...protocol.workload import AbortAt, Workload
 from ...run import Case, ScheduleSpec
-from .config import SglangConfig
+from .config import REAL_WORKERS, SglangConfig
 
 LANES = ("recv", "overlap", "decode")
 VOCAB = 32
@@ -48,27 +53,44 @@ class Features:
 
 
 @st.composite
-def features(draw) -> Features:
+def features(draw, pins=None) -> Features:
+    pins = pins or {}
     b = st.booleans()
     lanes = tuple(lane for lane in LANES if draw(b))
-    return Features(overlap=draw(st.sampled_from((True, True, True, False))),
-                    spec=draw(b), paged=draw(st.sampled_from((False, False, True))),
-                    tight_pool=draw(b), aborts=draw(b), stops=draw(b), seeded=draw(b),
+    real_worker = pins.get("worker", "fake") in REAL_WORKERS
+    real_model = real_worker or pins.get("model") == "real"
+    if "spec_steps" in pins:
+        spec = pins["spec_steps"] > 0
+    else:   # a real spec worker always drafts; the fake worker's drafts need the fake model
+        spec = True if real_worker else (False if real_model else draw(b))
+    overlap = pins["overlap"] if "overlap" in pins else draw(st.sampled_from((True, True, True, False)))
+    return Features(overlap=overlap, spec=spec, paged=draw(st.sampled_from((False, False, True))),
+                    tight_pool=draw(b), aborts=draw(b), stops=draw(b),
+                    # the real models decode greedily (SglangTarget.check_workload)
+                    seeded=False if real_model else draw(b),
                     long_prompts=draw(b), burst=draw(b), lanes=lanes)
 
 
 @st.composite
-def configs(draw, feat: Features) -> SglangConfig:
+def configs(draw, feat: Features, pins=None) -> SglangConfig:
+    pins = pins or {}
+    context = pins.get("context", CONTEXT)
     page = draw(st.sampled_from((2, 4))) if feat.paged else 1
-    pool = draw(st.sampled_from((2 * CONTEXT, 3 * CONTEXT) if feat.tight_pool
-                                else (8 * CONTEXT,)))
-    return SglangConfig(
+    pool = draw(st.sampled_from((2 * context, 3 * context) if feat.tight_pool
+                                else (8 * context,)))
+    fields = dict(
         overlap=feat.overlap, spec_steps=draw(st.integers(1, 3)) if feat.spec else 0,
         page_size=page, pool_tokens=pool, max_running=draw(st.sampled_from((3, 8))),
-        chunk_size=draw(st.sampled_from((16, 64))), context=CONTEXT, vocab=VOCAB,
+        chunk_size=draw(st.sampled_from((16, 64))), context=context, vocab=VOCAB,
         # acceptance: long accept runs (a stop inside one, a run crossing the length
         # limit) need a high rate; low rates keep single-token verifies common
         agreement=draw(st.sampled_from((0, 50, 80, 95, 100))))
+    if pins.get("worker", "fake") in REAL_WORKERS:
+        fields.update(model="real", spec_steps=draw(st.integers(1, 4)))
+    fields.update(pins)
+    if "faults" in fields:
+        fields["faults"] = tuple(fields["faults"])
+    return SglangConfig(**fields)
 
 
 @st.composite
@@ -107,9 +129,11 @@ def schedules(draw, feat: Features) -> ScheduleSpec:
 
 
 @st.composite
-def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = ()) -> Case:
-    """A whole SGLang case; ``faults`` are switched on, ``checks`` run (empty: all)."""
-    feat = draw(features())
-    cfg = draw(configs(feat))
+def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
+          config: Optional[dict] = None) -> Case:
+    """A whole SGLang case; ``faults`` are switched on, ``checks`` run (empty: all),
+    ``config``'s fields held fixed."""
+    feat = draw(features(config))
+    cfg = draw(configs(feat, config))
     return Case(cfg, draw(workloads(cfg, feat)), draw(schedules(feat)), tuple(checks),
                 tuple(faults), "sglang")

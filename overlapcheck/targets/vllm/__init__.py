@@ -31,7 +31,7 @@ class VllmTarget(Target):
     install = INSTALL
     config_type = VllmTargetConfig
     case_strategy = "overlapcheck.targets.vllm.strategies:cases"
-    case_options = ()
+    case_options = ("config",)
     checkers = {     # they read this target's own events (``events.py``)
         "vllm-placeholders": "overlapcheck.targets.vllm.checkers.placeholders:VllmPlaceholders",
         "vllm-golden": "overlapcheck.targets.vllm.checkers.golden:VllmGolden",
@@ -65,7 +65,7 @@ class VllmTarget(Target):
         """Parity compares tokens only: after a preemption vLLM resamples the resumed
         request's next token at a new position, so its later verifies start elsewhere
         than in the reference run; vllm-golden checks every accept length exactly."""
-        return {"parity_accept": False}
+        return {"parity_accept": False, "vllm_runner": cfg.runner}
 
     def check_workload(self, workload, cfg: VllmTargetConfig) -> None:
         from ...protocol.workload import WorkloadError
@@ -100,4 +100,6 @@ class VllmTarget(Target):
         from .env import build_scheduler, load
         from .session import VllmSession
         V = load()
+        if cfg.runner == "real":     # the scheduler is built with the runner's KV cache
+            return VllmSession(V, cfg, None, strategy, observer, trace=trace, detect=detect)
         return VllmSession(V, cfg, build_scheduler(cfg, V), strategy, observer, trace=trace)

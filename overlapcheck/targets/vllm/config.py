@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Tuple
 
 SCHEDULERS = ("async", "sync")
+RUNNERS = ("fake", "real")
+#: what a config mapping with ``runner: real`` leaves out defaults to (the Triton
+#: attention backend's block granularity, the tiny Llama's vocabulary)
+REAL_DEFAULTS = {"block_size": 16, "vocab": 32}
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,14 @@ class VllmTargetConfig:
     defer_block_free: bool = False    # deferred frees, as with a KV-consumer connector
     max_steps: int = 0                # host step bound (0: derived from the workload)
     faults: Tuple[str, ...] = ()      # target faults (``overlapcheck.targets.vllm.faults``)
+    runner: str = "fake"              # "fake": the deterministic fake runner; "real":
+                                      # vLLM's own V2 GPU model runner on a tiny Llama,
+                                      # on the CPU under watch (``real_runner``)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("scheduler", "faults"):
+            if f.name in ("scheduler", "faults", "runner"):
                 continue
             want = bool if f.name == "defer_block_free" else int
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
@@ -41,6 +48,18 @@ class VllmTargetConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"vllm config: scheduler must be one of {', '.join(SCHEDULERS)}, "
                              f"got {self.scheduler!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"vllm config: runner must be one of {', '.join(RUNNERS)}, "
+                             f"got {self.runner!r}")
+        if self.runner == "real":
+            # V2's UVA staging pools hold max_concurrent_batches (2 without pipeline
+            # parallel) buffers; the Triton attention backend takes blocks of 16
+            if self.batch_queue > 2 or self.block_size % 16 or self.vocab < 32 \
+                    or self.defer_block_free:
+                raise ValueError(f"vllm config: the real runner takes batch_queue <= 2, "
+                                 f"block_size a multiple of 16, vocab >= 32 and no deferred "
+                                 f"frees, got {self.batch_queue}, {self.block_size}, "
+                                 f"{self.vocab}, {self.defer_block_free}")
         if not 1 <= self.batch_queue <= 3:
             raise ValueError(f"vllm config: batch_queue must be in 1..3, got {self.batch_queue}")
         if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1:
@@ -78,6 +97,9 @@ class VllmTargetConfig:
             raise ValueError(f"vllm config: faults must be a tuple of names, got {self.faults!r}")
         from .faults import FAULTS
         for name in self.faults:
+            if name in FAULTS and FAULTS[name].extra["layer"] == "runner" and self.runner != "real":
+                raise ValueError(f"vllm config: fault {name!r} is in vLLM's model runner: "
+                                 f"it needs runner: real")
             if name not in FAULTS:
                 raise ValueError(f"vllm config: unknown fault {name!r} "
                                  f"(choose from {', '.join(sorted(FAULTS))})")
@@ -124,6 +146,9 @@ class VllmTargetConfig:
         if unknown:
             raise ValueError(f"vllm config: unknown field {unknown[0]!r}")
         d = dict(d)
+        if d.get("runner") == "real":
+            # the real runner's own defaults where the mapping leaves a field out
+            d = {**REAL_DEFAULTS, **d}
         if "faults" in d and isinstance(d["faults"], list):
             d["faults"] = tuple(d["faults"])
         return cls(**d)

@@ -65,6 +65,10 @@ def check_version() -> str:
 
 
 def prepare_environment() -> None:
+    # the real runner's Triton kernels run in Triton's interpreter; with no GPU driver
+    # visible vLLM keeps Triton (vllm/triton_utils/importing.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
@@ -107,8 +111,17 @@ def _model_config(max_model_len: int):
                              seed=0, max_model_len=max_model_len)
 
 
-def build_scheduler(cfg, V: SimpleNamespace):
-    """A vLLM ``Scheduler`` or ``AsyncScheduler`` for ``cfg`` (a ``VllmTargetConfig``)."""
+def build_scheduler(cfg, V: SimpleNamespace, vllm_cfg=None, runner_kv=None):
+    """A vLLM ``Scheduler`` or ``AsyncScheduler`` for ``cfg`` (a ``VllmTargetConfig``);
+    with ``vllm_cfg`` and ``runner_kv`` (a real runner's config and KV cache config),
+    the one the engine core builds for that runner."""
+    if vllm_cfg is not None:
+        from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+        cls = V.AsyncScheduler if cfg.is_async else V.Scheduler
+        return cls(vllm_config=vllm_cfg,
+                   kv_cache_config=generate_scheduler_kv_cache_config([runner_kv]),
+                   structured_output_manager=V.StructuredOutputManager(vllm_cfg),
+                   block_size=cfg.block_size, log_stats=True)
     sched_cfg = V.SchedulerConfig(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=cfg.max_model_len, enable_chunked_prefill=True,

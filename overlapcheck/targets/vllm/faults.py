@@ -6,7 +6,10 @@ Each entry names the fix it reverts (PR and issue), the checker expected to catc
 what the fix changed, and the trigger without which the revert is silent. A session
 whose config lists a fault binds the pre-fix methods to its own scheduler instance
 (nothing else in the process sees them) and drops them when the session ends
-(``patches_for``). ``FAULTS`` is a constant.
+(``patches_for``). Faults of ``layer`` "runner" are in vLLM's V2 model runner
+(``runner: real``): their exact-text edits are applied to the runner's source for the
+duration of a run (``runner_faults``). ``layer`` is each fault's own field (listed by
+``overlapcheck faults``). ``FAULTS`` is a constant.
 """
 from __future__ import annotations
 
@@ -23,7 +26,15 @@ def _revert(name: str, pr: str, checker: str, description: str, trigger: str, me
     """A fault reverting fix ``pr`` in ``Scheduler.method``: ``edits`` are (fixed text,
     pre-fix text) pairs."""
     return Fault(name, description, pr, checker, trigger,
-                 SourcePatch.of(f"{SCHED}.{method}", *edits))
+                 SourcePatch.of(f"{SCHED}.{method}", *edits), (("layer", "scheduler"),))
+
+
+def _runner(name: str, pr: str, checker: str, description: str, trigger: str, target: str,
+            *edits) -> Fault:
+    """A fault in vLLM's V2 model runner restoring the pre-fix source of ``target``
+    ("module:Qualified.name"): ``edits`` are (exact fixed text, pre-fix text) pairs."""
+    return Fault(name, description, pr, checker, trigger, SourcePatch.of(target, *edits),
+                 (("layer", "runner"),))
 
 
 PREEMPT_KEEPS_INFLIGHT = _revert(
@@ -119,12 +130,72 @@ SCHEDULE_PAST_MAX_TOKENS = _revert(
             pass  # pre-#27922: no max_tokens check for requests with output in flight
         """))
 
+_ASYNC = "vllm.v1.worker.gpu.async_utils"
+_REAL = "runner: real, async scheduler with a batch queue of 2"
+
+ASYNC_OUTPUT_DROPS_REFS = _runner(
+    "async-output-drops-refs",
+    "vLLM #29623 ([Model Runner V2][BugFix] Keep reference to GPU tensors in "
+    "AsyncOutput); same class: vllm-ascend #13394 (record_stream missing on a sampler "
+    "tensor)",
+    "stream-race",
+    "AsyncOutput copies the sampled token ids and the per-request sample counts to the "
+    "host on the output copy stream but keeps no reference to the device tensors, which "
+    "the main stream allocated: once sample_tokens returns they are freed, and the "
+    "caching allocator hands their blocks to the next step's tensors on the main stream "
+    "while the copy stream may still read them. #29623 keeps the sampler output and "
+    "num_sampled in the AsyncOutput until it is consumed (the alternative is "
+    "record_stream on the copy stream, which vllm-ascend #13394 added for a sampler "
+    "tensor).",
+    _REAL + ", a step scheduled before the previous one's output is taken",
+    _ASYNC + ":AsyncOutput.__init__",
+    ("        self.sampler_output = sampler_output\n"
+     "        self.num_sampled_tokens = num_sampled_tokens\n", ""))
+
+OUTPUT_READ_BEFORE_EVENT = _runner(
+    "output-read-before-event",
+    "vLLM #36942 (AsyncPoolingOutput.get_output reads its pinned output before "
+    "copy_event.synchronize(); the same file's AsyncOutput, #31584 moved the copy to its "
+    "stream)",
+    "stream-race",
+    "AsyncOutput.get_output turns the pinned host copies of the sampled token ids and "
+    "sample counts into lists before synchronizing the copy's event, as "
+    "AsyncPoolingOutput.get_output did (#36942): the host may read a buffer the "
+    "non-blocking device-to-host copy has not filled yet, and the scheduler applies "
+    "garbage tokens.",
+    _REAL + ", any step whose output is taken",
+    _ASYNC + ":AsyncOutput.get_output",
+    ("        self.copy_event.synchronize()\n\n", ""),
+    ("        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n",
+     "        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n"
+     "        self.copy_event.synchronize()\n"))
+
+UVA_STAGING_REUSED = _runner(
+    "uva-staging-reused",
+    "vLLM #32799 ([ModelRunner V2] Don't pin reused flashinfer tensors: step N's async "
+    "copy from a reused pinned buffer races step N+1's update); the round robin that "
+    "guards V2's staging buffers: #32083",
+    "stream-race",
+    "The V2 runner stages its persistent-buffer writes (request state, block tables) in "
+    "pinned host buffers that its kernels read through UVA, with no synchronization: "
+    "safety rests on a round robin of as many buffers as steps in flight "
+    "(UvaBufferPool, max_concurrency). With one buffer, step N+1's host writes into the "
+    "buffer step N's _apply_write_kernel may still be reading (the race #32799 removed "
+    "for FlashInfer's reused pinned buffers by not pinning them).",
+    _REAL + ", a step whose staged writes are prepared before the previous step's "
+    "output is taken",
+    "vllm.v1.worker.gpu.buffer_utils:UvaBufferPool.__init__",
+    ("        self.max_concurrency = max_concurrency\n",
+     "        self.max_concurrency = max_concurrency = 1\n"))
+
 FAULTS: Dict[str, Fault] = {f.name: f for f in (
     PREEMPT_KEEPS_INFLIGHT, FREE_IGNORES_FENCE, PREEMPT_FENCED_VICTIM,
-    SCHEDULE_PAST_MAX_TOKENS)}
+    SCHEDULE_PAST_MAX_TOKENS, ASYNC_OUTPUT_DROPS_REFS, OUTPUT_READ_BEFORE_EVENT,
+    UVA_STAGING_REUSED)}
 
 
 def patches_for(names) -> Tuple[FunctionPatch, ...]:
-    """The pre-fix methods of the named faults, merged per method (two faults editing
-    the same method are one patch with both edits)."""
-    return merged(FAULTS[n] for n in names)
+    """The pre-fix scheduler methods of the named faults (runner faults are left to
+    ``runner_faults``), merged per method (two faults editing the same method are one
+    patch with both edits)."""
+    return merged(FAULTS[n] for n in names if FAULTS[n].extra["layer"] == "scheduler")

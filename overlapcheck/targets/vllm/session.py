@@ -55,7 +55,8 @@ class VllmSession(Session):
 
     runtime = None
 
-    def __init__(self, V, cfg, sched, strategy, observer, trace: bool = False):
+    def __init__(self, V, cfg, sched, strategy, observer, trace: bool = False,
+                 detect: bool = True):
         self.V, self.cfg, self.sched = V, cfg, sched
         self.chooser = Chooser(strategy)
         self.observer = observer
@@ -64,8 +65,16 @@ class VllmSession(Session):
         self.clock = 0                             # scheduler calls so far (trace time)
         self._retired: List[tuple] = []
         self.goldens: Dict[int, Golden] = {}
-        self.runner = FakeRunner(V, cfg, self.goldens)
-        self.tracker = Tracker(sched, self._emit, cfg.max_num_seqs, cfg.block_size)
+        self.real = cfg.runner == "real"
+        self.detect = detect
+        self.watch = None                          # the real runner's watch block
+        self._races: List[object] = []             # its reports not yet emitted
+        self.race_reports: List[object] = []
+        self.launches = None                       # the real runner's Triton launches
+        self.syncs = None
+        self.runner = None if self.real else FakeRunner(V, cfg, self.goldens)
+        self.tracker = None if self.real else Tracker(sched, self._emit, cfg.max_num_seqs,
+                                                      cfg.block_size)
         self.queue: deque = deque()
         self.next_bid = 0
         self.reqs: Dict[int, object] = {}          # rid -> vLLM Request (kept after it ends)
@@ -75,9 +84,21 @@ class VllmSession(Session):
         self.late: List[int] = []
         self.progress = 0                          # the last step a token was kept or a request ended
         self.patches = patches_for(cfg.faults)
+        self._open = True
+        if sched is not None:
+            self._attach(sched)
+
+    def _attach(self, sched) -> None:
+        self.sched = sched
+        if self.tracker is None:
+            self.tracker = Tracker(sched, self._emit, self.cfg.max_num_seqs,
+                                   self.cfg.block_size)
         for p in self.patches:
             p.bind(sched)
-        self._open = True
+
+    @property
+    def races(self) -> list:
+        return self.race_reports
 
     @property
     def engine(self):
@@ -95,8 +116,9 @@ class VllmSession(Session):
         """Drop the faults' patches from the scheduler (idempotent)."""
         if self._open:
             self._open = False
-            for p in self.patches:
-                p.unbind(self.sched)
+            if self.sched is not None:
+                for p in self.patches:
+                    p.unbind(self.sched)
 
     def _emit(self, ev) -> None:
         if self.observer is not None:
@@ -114,9 +136,55 @@ class VllmSession(Session):
         bound is ``max_steps``, else the config's ``max_steps``, else derived from the
         workload; past it, ``Stalled`` then ``EngineStuck``."""
         try:
+            if self.real:
+                return self._run_real(workload, max_steps)
             return self._run(workload, max_steps)
         finally:
             self.close()
+
+    def _run_real(self, workload: Workload, max_steps: Optional[int]) -> RunResult:
+        """vLLM's own V2 runner, built for this run inside a ``watch`` block on the CPU
+        shim (``real_runner``), the config's runner faults in place; its races are
+        reported at vLLM's lines as ``RaceFound`` events."""
+        import contextlib
+        import os
+
+        import vllm
+
+        from overlapcheck.watch import watch
+        from . import real_runner, runner_faults
+        from .env import build_scheduler
+        with contextlib.ExitStack() as stack:
+            if self.detect:
+                root = os.path.dirname(os.path.abspath(vllm.__file__))
+                self.watch = stack.enter_context(watch(
+                    device="cpu", mode="collect", user_roots=(root,),
+                    on_report=self._races.append))
+            else:   # the shim gives the runner's torch.cuda calls their CPU meaning
+                stack.enter_context(watch(device="cpu", mode="collect"))
+            stack.enter_context(runner_faults.applied(self.cfg.faults))
+            runner, vc, kv, self.syncs, self.launches = stack.enter_context(
+                real_runner.built(self.cfg, self.V))
+            if self.watch is not None:
+                self.watch.tracker.name_stream(runner.output_copy_stream.cuda_stream,
+                                               "output copy stream",
+                                               "self.output_copy_stream")
+            with self._ours():
+                self._attach(build_scheduler(self.cfg, self.V, vc, kv))
+            self.runner = real_runner.RealRunner(runner)
+            return self._run(workload, max_steps)
+
+    def _ours(self):
+        """The block is the session's own bookkeeping, not vLLM's run: unwatched."""
+        import contextlib
+        return self.watch.paused() if self.watch is not None else contextlib.nullcontext()
+
+    def _flush_races(self) -> None:
+        it = self.iteration
+        for rep in self._races:
+            self.race_reports.append(rep)
+            self._emit(E.RaceFound(it, -1, rep))
+        self._races.clear()
 
     def _run(self, workload: Workload, max_steps: Optional[int]) -> RunResult:
         from ...protocol import EngineStuck
@@ -242,7 +310,13 @@ class VllmSession(Session):
             return
         kinds = {e.kind for e in entries}
         kind = "decode" if kinds <= {"decode"} else "prefill"
-        self._emit(E.Scheduled(it, bid, kind, tuple(e.rid for e in entries)))
+        rids = tuple(e.rid for e in entries)
+        if self.real:       # what the runner ran is known when its output is taken
+            rids = tuple(int(r) for r in so.num_scheduled_tokens)
+            kind = "decode" if all(int(r) in self.runner.sampled and not any(
+                nr.req_id == r for nr in so.scheduled_new_reqs)
+                for r in so.num_scheduled_tokens) else "prefill"
+        self._emit(E.Scheduled(it, bid, kind, rids))
         self._emit(E.Launched(it, bid, kind, ("forward",)))
         self._emit(VllmFrame(it, bid, entries))
 
@@ -251,7 +325,11 @@ class VllmSession(Session):
         late, self.late = self.late, []
         for rid in sorted(late):
             self._abort(rid)
-        outs = sched.update_from_output(b.so, b.out)
+        out, entries = b.out, b.entries
+        if self.real:
+            out, entries = self.runner.output(b.so, b.out)
+            b.entries = entries
+        outs = sched.update_from_output(b.so, out)
         self._tick("output", f"update_from_output <- batch {b.bid}")
         got: Dict[int, object] = {}
         for eco in outs.values():
@@ -294,6 +372,11 @@ class VllmSession(Session):
             self._emit(E.Verified(it, bid, e.rid, -1, e.accepted + 1, e.tokens, True))
 
     def _end_step(self) -> None:
+        with self._ours():
+            self._flush_races()
+            self._observed()
+
+    def _observed(self) -> None:
         it, sched = self.iteration, self.sched
         live = sorted((int(k), r) for k, r in sched.requests.items())
         inflight = tuple(b.bid for b in self.queue if b.bid >= 0)

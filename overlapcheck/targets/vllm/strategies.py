@@ -10,10 +10,15 @@ at any step) and a ``stalls`` schedule (``overlapcheck.device.sched.Stalls``) ov
 target's lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take
 the abort now). ``faults`` are passed in, never drawn (the fuzzer knows no fault
 names).
+
+``config`` (``fuzz --config``) holds config fields fixed and draws the others around
+them: ``runner: real`` fuzzes vLLM's own V2 model runner (``real_runner``) with the
+scheduler, queue depth (1-2), drafts, pools and a smaller workload still drawn (each
+real step runs the tiny model and the runner's kernels: about 0.1-1 s).
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
@@ -56,12 +61,43 @@ def vllm_config(draw, pressure: bool = False) -> VllmTargetConfig:
 
 
 @st.composite
+def real_runner_config(draw, pressure: bool, pins: dict) -> VllmTargetConfig:
+    """A config for vLLM's own runner: blocks of 16 or 32, a pool from one full request
+    up (tight pools preempt), 0-3 ngram drafts, queue depth 1-2, the tiny model's
+    vocabulary of 32."""
+    # each example of the real runner costs seconds: most overlap two steps (async, a
+    # queue of 2), since one that never overlaps tests little of its async path; the
+    # sync scheduler runs in every example anyway, as parity's reference
+    scheduler = draw(st.sampled_from(("async",) * 7 + ("sync",)))
+    batch_queue = draw(st.sampled_from((2,) * 7 + (1,))) if scheduler == "async" else 1
+    block_size = draw(st.sampled_from((16, 32)))
+    spec = draw(st.integers(0, 3))
+    max_model_len = draw(st.sampled_from((32, 48, 64)))
+    one = -(-max_model_len // block_size)
+    seqs = draw(st.integers(2, 4) if pressure else st.integers(1, 4))
+    chunk = draw(st.sampled_from((0, 0, 16)))
+    fields = dict(
+        scheduler=scheduler, batch_queue=batch_queue, block_size=block_size,
+        num_blocks=1 + one + draw(st.integers(0, 1) if pressure else st.integers(0, 2 * one)),
+        max_num_seqs=seqs, max_num_batched_tokens=seqs * max(spec + 1, chunk, 16),
+        long_prefill_token_threshold=chunk, max_model_len=max_model_len, spec_tokens=spec,
+        vocab=VOCAB, runner="real")
+    fields.update(pins)
+    if "faults" in fields:
+        fields["faults"] = tuple(fields["faults"])
+    return VllmTargetConfig(**fields)
+
+
+@st.composite
 def vllm_workload(draw, cfg: VllmTargetConfig, pressure: bool = False,
                   stops: bool = True) -> Workload:
     """``pressure``: requests arrive close together and run long; ``stops``: requests
     may carry stop ids (which end them early)."""
     room = cfg.max_context
-    n = draw(st.integers(1, 8))
+    real = cfg.runner == "real"
+    n = draw(st.integers(1, 4 if real else 8))
+    if real:
+        room = min(room, 32)
     reqs, aborts, step = [], [], 0
     for rid in range(n):
         step += draw(st.integers(0, 1) if pressure else st.integers(0, 3))
@@ -69,7 +105,10 @@ def vllm_workload(draw, cfg: VllmTargetConfig, pressure: bool = False,
         prompt = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), min_size=plen,
                                      max_size=plen)))
         longest = room - plen
+        # the real runner's requests mostly decode a few steps (overlap needs them)
         max_new = draw(st.integers(max(1, longest // 2), longest) if pressure
+                       else st.one_of(st.integers(min(4, longest), longest),
+                                      st.integers(1, longest)) if real
                        else st.integers(1, longest))
         stop = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), max_size=2, unique=True))
                      ) if stops else ()
@@ -91,12 +130,23 @@ def vllm_stalls(draw) -> Tuple[Tuple[str, int, int], ...]:
 
 
 @st.composite
-def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = ()) -> Case:
+def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
+          config: Optional[dict] = None) -> Case:
     """A whole case: config, workload and stalls; ``checks`` (empty: all) and ``faults``
-    are the campaign's."""
+    are the campaign's, ``config``'s fields held fixed."""
     # swarm features first: each example stresses its own mixture
     pressure, stops = draw(st.booleans()), draw(st.booleans())
-    cfg = draw(vllm_config(pressure))
+    pins = dict(config or {})
+    if pins.get("runner") == "real":
+        cfg = draw(real_runner_config(pressure, pins))
+    else:
+        cfg = draw(vllm_config(pressure))
+        if pins:
+            from dataclasses import replace
+            fields = dict(pins)
+            if "faults" in fields:
+                fields["faults"] = tuple(fields["faults"])
+            cfg = replace(cfg, **fields)
     return Case(cfg, draw(vllm_workload(cfg, pressure, stops)),
                 ScheduleSpec("stalls", 0, draw(vllm_stalls())), tuple(checks), tuple(faults),
                 "vllm")

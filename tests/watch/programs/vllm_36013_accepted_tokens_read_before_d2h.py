@@ -29,7 +29,7 @@ def main(fixed: bool) -> None:
             if fixed:
                 num_accepted_tokens_event.synchronize()
             counts = num_accepted_tokens_cpu.numpy()[:4]
-            assert counts.shape == (4,)
+            assert counts.sum() >= 0      # the metadata build reads the counts
         # the model step: rejection sampling writes the accepted counts on the GPU
         num_accepted_tokens.fill_(step + 1)
         # _update_states_after_model_execute: non-blocking copy, no sync (async scheduling)

@@ -26,6 +26,8 @@ class VllmBlockReuse(Checker):
 
     def __init__(self, **context) -> None:
         super().__init__()
+        # it reads the fake runner's frames; vLLM's own runner has none
+        self.idle = context.get("vllm_runner") == "real"
         self.active = False
         self.writes: Dict[int, Dict[int, int]] = {}      # block -> {batch: writer rid}
         self.by_batch: Dict[int, Set[int]] = {}

@@ -25,6 +25,8 @@ class VllmOverschedule(Checker):
 
     def __init__(self, **context) -> None:
         super().__init__()
+        # it reads the fake runner's frames; vLLM's own runner has none
+        self.idle = context.get("vllm_runner") == "real"
         self.limit: Dict[int, int] = {}
         self.kept: Dict[int, int] = {}
         self.flying: Dict[int, int] = {}                 # rid -> in-flight sampling batches

@@ -36,6 +36,8 @@ class VllmPlaceholders(Checker):
 
     def __init__(self, **context) -> None:
         super().__init__()
+        # it reads the fake runner's frames; vLLM's own runner has none
+        self.idle = context.get("vllm_runner") == "real"
         self.is_async = True
         self.frames: Dict[int, Dict[int, V.FrameEntry]] = {}     # in-flight batch -> rid -> entry
         self.stale: Set[Tuple[int, int]] = set()                 # (batch, rid)
