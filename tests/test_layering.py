@@ -157,6 +157,22 @@ def test_a_target_imports_no_other_target():
     assert bad == []
 
 
+def test_what_targets_share_imports_no_target():
+    """The modules beside the target registry that several targets use (Triton launches,
+    source edits, the tiny checkpoint, engine logs) belong to none of them: they import
+    no target's package, so sharing them is not one target importing another."""
+    from overlapcheck.targets import TARGETS
+    packages = {p.split(":")[0] for p in TARGETS.values()
+                if p.startswith("overlapcheck.targets.")}
+    shared = [m for m in MODS if m.startswith("overlapcheck.targets.")
+              and not any(m == p or m.startswith(p + ".") for p in packages)]
+    assert "overlapcheck.targets.source_patch" in shared
+    assert "overlapcheck.targets.checkpoint" in shared
+    bad = [(m, g) for m in shared for g in MODS[m]
+           if any(g == p or g.startswith(p + ".") for p in packages)]
+    assert bad == []
+
+
 def cycles(graph) -> list:
     """The strongly connected components of more than one module (Tarjan's algorithm,
     iterative): each is an import loop."""
