@@ -33,7 +33,8 @@ def measure(model_name: str, k: int = 4, n: int = 24, seed: int = 7, kind: str =
     ``figures`` of every verify."""
     import torch
 
-    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.protocol import generate
     from overlapcheck.run import run_workload
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

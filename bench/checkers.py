@@ -16,9 +16,10 @@ from fake_models import OracleModel
 from fake_models.golden import Golden
 from invariants import make_checkers
 from overlapcheck import targets
-from overlapcheck.run import Case, Monitor, reference_run
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import generate
+from overlapcheck.run import Case, Monitor, reference_run
 
 
 class Timed:

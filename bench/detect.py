@@ -129,10 +129,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from invariants.base import names_for
     from overlapcheck import targets
+    from overlapcheck.protocol.target import TargetUnavailable
     try:
         target = targets.get(args.target)
         version = target.version()
-    except (ValueError, targets.TargetUnavailable) as e:
+    except (ValueError, TargetUnavailable) as e:
         ap.error(str(e))
     FAULTS = target.faults()
     unknown = [n for n in args.fault if n not in FAULTS]
@@ -151,8 +152,8 @@ def main(argv=None) -> int:
     real_runner = dict(config or ()).get("runner") == "real"
     names = args.fault or sorted(
         n for n, f in FAULTS.items()
-        if (worker is None or worker in getattr(f, "worker", (worker,)))
-        and (getattr(f, "layer", None) is None or (f.layer == "runner") == real_runner))
+        if (worker is None or worker in f.extra.get("worker", (worker,)))
+        and ("layer" not in f.extra or (f.extra["layer"] == "runner") == real_runner))
     from overlapcheck.fuzz.command import _known
     try:
         known = _known(args.known, args.target)

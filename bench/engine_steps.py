@@ -12,7 +12,8 @@ import torch
 
 from fake_models import OracleModel
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import generate
 
 MODES = (("detector off", False, "declared"), ("detector, declared", True, "declared"),
          ("detector, infer", True, "infer"))

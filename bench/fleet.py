@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.environ.setdefault(SINGLE_MACHINE, "0")      # the cluster on loopback only
     from overlapcheck.fuzz.campaign import Options
-    from overlapcheck.fuzz.jobs import run_jobs
+    from overlapcheck.fuzz.workers import run_jobs
     from overlapcheck.fuzz.ray_jobs import connect, run_ray
     opts = Options(seconds=None, examples=a.examples, seed=a.seed,
                    faults=() if a.fault == "none" else (a.fault,))

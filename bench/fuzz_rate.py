@@ -42,7 +42,8 @@ import statistics
 import time
 
 from overlapcheck.fuzz.campaign import Options
-from overlapcheck.fuzz.jobs import run_jobs, start_server
+from overlapcheck.fuzz.jobs import start_server
+from overlapcheck.fuzz.workers import run_jobs
 
 
 def _spin(seconds: float) -> float:

@@ -34,9 +34,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from overlapcheck.engine import EngineConfig, generate  # noqa: E402
 from overlapcheck.device import check_available, device_info  # noqa: E402
-from overlapcheck.faults import FAULTS  # noqa: E402
+from overlapcheck.engine import EngineConfig  # noqa: E402
+from overlapcheck.engine.faults import FAULTS  # noqa: E402
+from overlapcheck.protocol import generate  # noqa: E402
 from overlapcheck.run import Case, ScheduleSpec, execute  # noqa: E402
 
 RACE = ("stream-race", "kv-lifetime")
@@ -211,7 +212,7 @@ def found_text(violations, checker):
 
 def fault_row(name, sim, dev, sanitizer):
     f = FAULTS[name]
-    row = {"fault": name, "class": f.cls, "checker": f.checker, "repro": sim["repro"],
+    row = {"fault": name, "class": f.extra["class"], "checker": f.checker, "repro": sim["repro"],
            "sim_examples": sim["examples"], "cached": sim["examples"] is None,
            "sanitizer": sanitizer, "device_run": dev,
            "sim": "no" if sim["finding"] is None else f"yes ({sim['finding'].site[0]})"}

@@ -76,9 +76,10 @@ from fake_models import make_model
 from overlapcheck import engine as E
 from overlapcheck.device import check_available, device_info
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import EngineConfig, RequestSpec, Workload
-from overlapcheck.engine.types import RUNNING
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import RequestSpec, Workload
+from overlapcheck.protocol.types import RUNNING
 
 # the run order of a round (backward every other round): each ratio's two modes next
 # to each other (non-overlap|overlap, overlap|checked), so a slow period of the host

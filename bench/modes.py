@@ -45,8 +45,9 @@ import torch
 
 from overlapcheck import seeds
 from overlapcheck.device import check_available, device_info
-from overlapcheck.engine import EngineConfig, generate, make_engine
+from overlapcheck.engine import EngineConfig, make_engine
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import generate
 
 from modes_figures import model, print_figures, sim_figures, throughput
 

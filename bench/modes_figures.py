@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from overlapcheck.engine import EngineConfig, generate, make_engine
+from overlapcheck.engine import EngineConfig, make_engine
+from overlapcheck.protocol import generate
 
 _MODELS: dict = {}
 

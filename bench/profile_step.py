@@ -92,10 +92,10 @@ def install(t: Timers, by_kernel: bool) -> None:
     from invariants.base import Checker
     from overlapcheck.device import api, sim
     from overlapcheck.engine import loop, scheduler, worker
+    from overlapcheck.engine import target as reference
     from overlapcheck.fuzz import campaign
     from overlapcheck.race import detector
     from overlapcheck.run import driver, monitor
-    from overlapcheck.targets import reference
 
     t.wrap(campaign.Campaign, "run", "fuzzer (Hypothesis, campaign)")
     t.wrap(campaign, "execute", "driver (execute, outcome)")

@@ -42,7 +42,7 @@ class Probe:
         self.cpu, self.wall, self.rss = [], [], []
 
     def event(self, ev) -> None:
-        from overlapcheck.engine import events as E
+        from overlapcheck.protocol import events as E
         if type(ev) is E.StepEnd:
             self.cpu.append(time.process_time())
             self.wall.append(time.perf_counter())
@@ -60,8 +60,8 @@ class Probe:
 
 def workload(n: int, cfg, gap: int, seed: int = 1):
     """``generate``'s requests and aborts, one arrival every ``gap`` steps."""
-    from overlapcheck.engine import generate
-    from overlapcheck.engine.workload import AbortAt, Workload
+    from overlapcheck.protocol import generate
+    from overlapcheck.protocol.workload import AbortAt, Workload
     wl = generate(seed, n, cfg, max_prompt=16, max_new=24)
     at = {r.rid: gap * r.rid for r in wl.requests}
     reqs = tuple(dataclasses.replace(r, arrival=at[r.rid]) for r in wl.requests)
@@ -72,7 +72,7 @@ def workload(n: int, cfg, gap: int, seed: int = 1):
 
 def at_once(wl):
     """``wl`` with every request arriving at step 0 (aborts at their steps)."""
-    from overlapcheck.engine.workload import Workload
+    from overlapcheck.protocol.workload import Workload
     return Workload(tuple(dataclasses.replace(r, arrival=0) for r in wl.requests), wl.aborts)
 
 
@@ -145,7 +145,7 @@ def load(n: int, seconds: float = 60.0) -> list:
     import tempfile
     import yaml
     from overlapcheck.engine import EngineConfig
-    from overlapcheck.engine.workload import dump
+    from overlapcheck.protocol.workload import dump
     doc = dump(workload(n, EngineConfig(), 2, seed=3))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from overlapcheck.device.sched import Eager
-    from overlapcheck.engine.workload import Workload
+    from overlapcheck.protocol.workload import Workload
     from overlapcheck.run import Case, ScheduleSpec, execute, reference_run
     from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 

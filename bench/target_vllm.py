@@ -82,7 +82,7 @@ def real_runner(args) -> None:
     import torch
     torch.set_num_threads(1)
     from overlapcheck.device.sched import Eager
-    from overlapcheck.engine.workload import Workload
+    from overlapcheck.protocol.workload import Workload
     from overlapcheck.run import Case, ScheduleSpec, execute
     from overlapcheck.targets.vllm import VllmTarget, VllmTargetConfig
     target = VllmTarget()

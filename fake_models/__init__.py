@@ -14,7 +14,9 @@ of the buffers they are given):
 * ``head("eagle" | "mtp")``: the EAGLE-style head or the frozen-KV MTP draft.
 
 Models: ``oracle`` (integer hashes; ``oracle_heads``; ``oracle-hostlens``: its draft
-also reads the host's sequence lengths, ``reads_host_lens`` and ``host_lens_cut``),
+also reads the host's sequence lengths, ``reads_host_lens`` and ``host_lens_cut``; the
+token rule the whole oracle family shares, the targets' fake models included, is
+``oracle_rule``),
 ``tiny`` (a small RoPE transformer over the paged KV; ``tiny``, ``tiny_heads``,
 ``tiny_ops``), and the real-architecture Llama/Qwen decoders of ``hf``: ``hf:DIR``,
 ``random:NAME``, ``trained``. A model that cannot be built raises ``hf.ModelError``

@@ -21,18 +21,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .oracle import RANK_SALT, SEEDED_PERCENT, M
-
-
-def mix(x: int, *ys: int) -> int:
-    for y in ys:
-        x = (x * 48271 + (y % M) * 69621 + 12345) % M
-        x ^= x >> 11
-    return x
-
-
-def term(tok: int, pos: int) -> int:
-    return (tok % M) * ((pos * 40503 + 17) % M + 1) % M
+from .oracle_rule import HEAD_SALT, RANK_SALT, STANDALONE_SALT, M, agreed, mix, sample, term
 
 
 class OracleRequest:
@@ -56,16 +45,10 @@ class OracleRequest:
             self.E.append(self.E[n - 1] + term(tok, n - 1) + term(self.R[n], n + 2))
 
     def _sample(self, h: int, pos: int) -> int:
-        greedy = mix(h, 1) % self.vocab
-        u = mix(h, self.seed, pos)
-        if self.seeded and u % 100 < SEEDED_PERCENT:
-            return (u >> 7) % self.vocab
-        return greedy
+        return sample(h, self.seed, pos, self.seeded, self.vocab)
 
     def _agree(self, like: int, u: int) -> int:
-        if mix(u, self.salt + 11) % 100 < self.agreement:
-            return like
-        return (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
+        return agreed(like, mix(u, self.salt + HEAD_SALT), u, self.vocab, self.agreement)
 
     # -- the sequence ----------------------------------------------------------------------
     def extend(self, need: int) -> None:
@@ -82,9 +65,8 @@ class OracleRequest:
         like = self.G[n]                       # the target's token there: the draft's "like"
         if kind == "standalone":
             h = mix(self.R[n], n)
-            if mix(h, self.seed, n, self.salt + 7) % 100 < self.agreement:
-                return like
-            return (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
+            return agreed(like, mix(h, self.seed, n, self.salt + STANDALONE_SALT), h, self.vocab,
+                          self.agreement)
         if kind == "eagle":
             return self._agree(like, mix(self.E[n - 1] % M, self.R[n], self.seed, n))
         if kind == "mtp":
@@ -104,16 +86,16 @@ class OracleRequest:
 
     def candidates(self, kind: str, L: int, j: int, topk: int) -> List[int]:
         """The ``topk`` candidates at depth ``j`` of a tree at committed length ``L``
-        whose rank-0 path so far matches ``G`` (``oracle.ranked`` on ints)."""
+        whose rank-0 path so far matches ``G`` (``oracle_rule.ranked`` on ints)."""
         n = L + j
         like = self.G[n]
         if kind == "standalone":
             x = mix(self.R[n], n)
-            agrees = [mix(x, self.seed, n, self.salt + 7 + RANK_SALT * r) % 100 < self.agreement
+            agrees = [mix(x, self.seed, n, self.salt + STANDALONE_SALT + RANK_SALT * r) % 100 < self.agreement
                       for r in range(topk)]
         elif kind == "eagle":
             x = mix(self.E[n - 1] % M, self.R[n], self.seed, n)
-            agrees = [mix(x, self.salt + 11 + RANK_SALT * r) % 100 < self.agreement
+            agrees = [mix(x, self.salt + HEAD_SALT + RANK_SALT * r) % 100 < self.agreement
                       for r in range(topk)]
         else:
             raise ValueError(f"no golden tree draft for draft kind {kind!r}")

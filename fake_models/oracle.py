@@ -27,24 +27,8 @@ from __future__ import annotations
 import torch
 
 from .kv_store import kept_sources, store
-
-M = 2147483647          # 2**31 - 1: every intermediate stays far below 2**63
-KV_WIDTH = 3            # token, position, request id
-TOK, POS, RID = 0, 1, 2
-SEEDED_PERCENT = 30
-
-
-def mix(x: torch.Tensor, *ys) -> torch.Tensor:
-    """A deterministic integer mixer on int64 tensors with values in [0, M)."""
-    for y in ys:
-        x = (x * 48271 + (y % M) * 69621 + 12345) % M
-        x = x ^ (x >> 11)
-    return x
-
-
-def term(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """A token's contribution to the context hash at its position."""
-    return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
+from .oracle_rule import (KV_WIDTH, POS, RANK_SALT, RID, STANDALONE_SALT, TOK, M, agreed, mix,
+                          ranked, sample, term)
 
 
 class OracleModel:
@@ -115,10 +99,7 @@ class OracleModel:
     def sample(self, h: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                seeded: torch.Tensor) -> torch.Tensor:
         """The token for logits ``h``: greedy, or seeded by (seed, position) where ``seeded``."""
-        greedy = mix(h, 1) % self.vocab
-        u = mix(h, seeds, positions)
-        other = (u >> 7) % self.vocab
-        return torch.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
+        return sample(h, seeds, positions, seeded, self.vocab, torch.where)
 
     def target(self, kv, table, rows, ctx_lens, seeds, seeded) -> torch.Tensor:
         """Target tokens at context lengths ``ctx_lens`` (the token at position ctx_len)."""
@@ -131,14 +112,14 @@ class OracleModel:
         the target's token by a hash salted with r)."""
         h = self.context_hash(draft_kv, table, rows, ctx_lens)
         like = self.sample(h, seeds, ctx_lens, seeded)
-        agree = mix(h, seeds, ctx_lens, self.salt + 7) % 100 < self.agreement
+        salt = self.salt + STANDALONE_SALT
         if topk > 1:
-            agrees = [agree] + [mix(h, seeds, ctx_lens, self.salt + 7 + RANK_SALT * r) % 100
-                                < self.agreement for r in range(1, topk)]
+            agrees = [mix(h, seeds, ctx_lens, salt + RANK_SALT * r) % 100 < self.agreement
+                      for r in range(topk)]
             return torch.stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees,
-                                      self.vocab), 1)
-        other = (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
-        return torch.where(agree, like, other)
+                                      self.vocab, torch.where), 1)
+        return agreed(like, mix(h, seeds, ctx_lens, salt), h, self.vocab, self.agreement,
+                      torch.where)
 
     def host_lens_cut(self, drafts, lens, host_lens) -> torch.Tensor:
         """Draft tokens of a round that starts at the device's ``lens``, drafted with the
@@ -157,26 +138,3 @@ class OracleModel:
             from .oracle_host import OracleHost
             h = self._host = OracleHost(self)
         return h
-
-
-# -- tree drafts (docs/design.md §4.12; kept below the rest, whose line numbers recorded
-# repros name) -----------------------------------------------------------------------------
-RANK_SALT = 31          # rank r's agreement hash is salted with 31 * r
-
-
-def ranked(like, o, agrees, vocab: int, where=torch.where) -> list:
-    """Tree drafts' candidates, best first (``topk = len(agrees)``): rank r is ``like``
-    (the target's token) where ``agrees[r]`` holds and no better rank took it; every
-    other rank is a distinct other token, ``like`` shifted by the offsets ``o, o+1, ...``
-    (in 1..vocab-1). Rank 0 is the chain draft's token. On tensors (numpy: ``np.where``);
-    ``golden_oracle.OracleRequest.candidates`` computes the same on ints."""
-    taken = agrees[0]
-    out = [where(taken, like, (like + o) % vocab)]
-    used = 1 - taken * 1
-    for a in agrees[1:]:
-        pick = a & ~taken
-        off = 1 + (o - 1 + used) % (vocab - 1)
-        out.append(where(pick, like, (like + off) % vocab))
-        used = used + 1 - pick * 1
-        taken = taken | pick
-    return out

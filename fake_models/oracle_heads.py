@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .kv_store import kept_sources, store
-from .oracle import KV_WIDTH, POS, RID, TOK, M, RANK_SALT, OracleModel, mix, ranked, term
+from .oracle_rule import HEAD_SALT, KV_WIDTH, POS, RANK_SALT, RID, TOK, M, agreed, mix, ranked, term
 
 FEAT = KV_WIDTH   # the EAGLE KV's feature column
 
@@ -31,7 +31,7 @@ class OracleEagleHead:
     kv_dtype = torch.int64
     kv_tag_columns = (TOK, POS, RID)
 
-    def __init__(self, model: OracleModel):
+    def __init__(self, model):
         self.model = model
 
     def write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
@@ -53,7 +53,7 @@ class OracleEagleHead:
 
 
 class OracleMTPHead:
-    def __init__(self, model: OracleModel):
+    def __init__(self, model):
         self.model = model
 
     def step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
@@ -79,15 +79,18 @@ def _hash_columns(kv, table, rows, ctx, cols) -> torch.Tensor:
     return h % M
 
 
-def _agree(m: OracleModel, like, u, topk: int = 1) -> torch.Tensor:
+def _agree(m, like, u, topk: int = 1) -> torch.Tensor:
+    """The head's draft (``m``: its ``OracleModel``): ``like`` where ``u``'s agreement
+    hash says so (``topk`` > 1: the ranked candidates)."""
+    salt = m.salt + HEAD_SALT
     if topk > 1:
-        agrees = [mix(u, m.salt + 11 + RANK_SALT * r) % 100 < m.agreement for r in range(topk)]
-        return torch.stack(ranked(like, 1 + mix(u, 3) % (m.vocab - 1), agrees, m.vocab), 1)
-    other = (like + 1 + mix(u, 3) % (m.vocab - 1)) % m.vocab
-    return torch.where(mix(u, m.salt + 11) % 100 < m.agreement, like, other)
+        agrees = [mix(u, salt + RANK_SALT * r) % 100 < m.agreement for r in range(topk)]
+        return torch.stack(ranked(like, 1 + mix(u, 3) % (m.vocab - 1), agrees, m.vocab,
+                                  torch.where), 1)
+    return agreed(like, mix(u, salt), u, m.vocab, m.agreement, torch.where)
 
 
-def make_oracle_head(kind: str, model: OracleModel):
+def make_oracle_head(kind: str, model):
     if kind == "eagle":
         return OracleEagleHead(model)
     if kind == "mtp":

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .oracle import KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT, TOK, M, ranked
+from .oracle_rule import (HEAD_SALT, KV_WIDTH, POS, RANK_SALT, RID, SEEDED_PERCENT,
+                          STANDALONE_SALT, TOK, M, ranked, weight)
 
 FEAT = KV_WIDTH
 assert (TOK, POS, RID) == (0, 1, 2)    # a KV row is (token, position, request)
@@ -55,7 +56,7 @@ def _mix_small(x, ys):
 
 
 def mix(x, *ys):
-    """``oracle.mix`` on int64 arrays (``ys``: arrays or ints). A short one on Python
+    """``oracle_rule.mix`` on int64 arrays (``ys``: arrays or ints). A short one on Python
     ints; else in place on its own temporaries: a kernel's arrays hold a few dozen
     values, so the cost is the ops."""
     if x.dtype is _I64 and x.ndim == 1 and x.shape[0] <= _SMALL:
@@ -81,7 +82,7 @@ def mix(x, *ys):
 
 
 def term(tokens, positions):
-    return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
+    return ((tokens % M) * weight(positions)) % M
 
 
 _sum = np.add.reduce    # x.sum(axis) without ndarray.sum's Python wrapper
@@ -89,12 +90,12 @@ _FACTORS = {}   # (width, shift) -> (positions 0..width-1, their factor at posit
 
 
 def _factors(width: int, shift: int = 0):
-    """``pos = arange(width)`` and ``(pos + shift) * 40503 + 17) % M + 1``, the
-    position half of ``term``, the same for every call on a table of that width."""
+    """``pos = arange(width)`` and ``weight(pos + shift)``, the position half of
+    ``term``, the same for every call on a table of that width."""
     hit = _FACTORS.get((width, shift))
     if hit is None:
         pos = np.arange(width)
-        hit = _FACTORS[(width, shift)] = (pos, ((pos + shift) * 40503 + 17) % M + 1)
+        hit = _FACTORS[(width, shift)] = (pos, weight(pos + shift))
     return hit
 
 
@@ -270,7 +271,7 @@ def wrap64(x: int) -> int:
 
 def term_int(tok: int, pos: int) -> int:
     """``term`` of one token on Python ints (``pos`` small: no int64 wrap to mimic)."""
-    return tok % M * ((pos * 40503 + 17) % M + 1) % M
+    return tok % M * weight(pos) % M
 
 
 def _rows(*cols):
@@ -420,9 +421,10 @@ class OracleHost:
     def drafts(self, raws, cs, ss, sds) -> list:
         """``draft``'s chain tokens per query, on Python ints (see ``draft``)."""
         V, A, out = self.vocab, self.agreement, []
-        ca = _MIX.get(self.salt + 7)
+        ca = _MIX.get(self.salt + STANDALONE_SALT)
         if ca is None:
-            ca = _MIX[self.salt + 7] = ((self.salt + 7) % M) * 69621 + 12345
+            y = self.salt + STANDALONE_SALT
+            ca = _MIX[y] = (y % M) * 69621 + 12345
         for r, c, s, sd in zip(raws, cs, ss, sds):
             cm = (c % M) * 69621 + 12345
             t = (r * 48271 + cm) % M
@@ -479,9 +481,10 @@ class OracleHost:
     def heads(self, gs, seens, ps, ss, sds) -> list:
         """``_head_tokens`` per query on Python ints (every ``g``, ``seen`` in [0, M))."""
         V, A, out = self.vocab, self.agreement, []
-        ca = _MIX.get(self.salt + 11)
+        ca = _MIX.get(self.salt + HEAD_SALT)
         if ca is None:
-            ca = _MIX[self.salt + 11] = ((self.salt + 11) % M) * 69621 + 12345
+            y = self.salt + HEAD_SALT
+            ca = _MIX[y] = (y % M) * 69621 + 12345
         for x, e, q, s, sd in zip(gs, seens, ps, ss, sds):
             like, u = self._head_chain(x, e, q, s, sd)
             t = (u * 48271 + ca) % M
@@ -501,9 +504,10 @@ class OracleHost:
         else:
             h = self.context_hash(draft_kv, table, rows, ctx_lens)
         like, u = self._sample(h, seeds, ctx_lens, seeded, need_u=True)
-        agree = mix(u, self.salt + 7) % 100 < self.agreement   # mix(h, seeds, ctx_lens, salt + 7)
+        salt = self.salt + STANDALONE_SALT
+        agree = mix(u, salt) % 100 < self.agreement   # mix(h, seeds, ctx_lens, salt)
         if topk > 1:
-            agrees = [agree] + [mix(u, self.salt + 7 + RANK_SALT * r) % 100 < self.agreement
+            agrees = [agree] + [mix(u, salt + RANK_SALT * r) % 100 < self.agreement
                                 for r in range(1, topk)]
             return _stack(ranked(like, 1 + mix(h, 3) % (self.vocab - 1), agrees, self.vocab,
                                  np.where))
@@ -517,12 +521,12 @@ class OracleHost:
 
     def _agree(self, like, u, topk: int = 1):
         if topk > 1:
-            agrees = [mix(u, self.salt + 11 + RANK_SALT * r) % 100 < self.agreement
+            agrees = [mix(u, self.salt + HEAD_SALT + RANK_SALT * r) % 100 < self.agreement
                       for r in range(topk)]
             return _stack(ranked(like, 1 + mix(u, 3) % (self.vocab - 1), agrees, self.vocab,
                                  np.where))
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
-        return np.where(mix(u, self.salt + 11) % 100 < self.agreement, like, other)
+        return np.where(mix(u, self.salt + HEAD_SALT) % 100 < self.agreement, like, other)
 
     def eagle_out_rows(self, vals, pos: int, width: int, seed: int, seeded: bool,
                        topk: int = 1):
@@ -545,7 +549,7 @@ class OracleHost:
         like, u = self._head_chain(x, e, q, s, sd)
         agrees = []
         for r in range(topk):
-            y = self.salt + 11 + RANK_SALT * r
+            y = self.salt + HEAD_SALT + RANK_SALT * r
             t = (u * 48271 + (y % M) * 69621 + 12345) % M
             agrees.append((t ^ (t >> 11)) % 100 < A)
         t = (u * 48271 + _C3) % M

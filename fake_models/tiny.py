@@ -21,27 +21,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from overlapcheck import seeds
-
 from . import tiny_ops as T
 from .kv_store import kept_sources
 from .kv_store import store as store_rows
-from .oracle import SEEDED_PERCENT, mix
-
-TOK, POS, RID = 0, 1, 2
-META = 3
-
-
-def _normal(seed: int, name: str, shape, scale: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seeds.derive(seed, "tiny", name) % (2 ** 63))
-    return torch.randn(shape, generator=g, dtype=torch.float32) * scale
-
-
-def layer_weights(seed: int, name: str, d: int, f: int) -> Dict[str, torch.Tensor]:
-    s = d ** -0.5
-    return {"wq": _normal(seed, name + ".wq", (d, d), s), "wk": _normal(seed, name + ".wk", (d, d), s),
-            "wv": _normal(seed, name + ".wv", (d, d), s), "wo": _normal(seed, name + ".wo", (d, d), s),
-            "w1": _normal(seed, name + ".w1", (d, f), s), "w2": _normal(seed, name + ".w2", (f, d), f ** -0.5)}
+from .oracle_rule import SEEDED_PERCENT, M, mix
+from .tiny_weights import META, POS, RID, TOK, layer_weights, normal
 
 
 class Stack:
@@ -114,8 +98,8 @@ class TinyModel:
         f = 2 * d
         cos, sin = T.rope_tables(max_pos, d)
         self.cpu = {
-            "embed": _normal(seed, "embed", (vocab, d), 1.0),
-            "head": _normal(seed, "head", (d, vocab), d ** -0.5),
+            "embed": normal(seed, "embed", (vocab, d), 1.0),
+            "head": normal(seed, "head", (d, vocab), d ** -0.5),
             "cos": cos, "sin": sin,
             "target": [layer_weights(seed, f"target{l}", d, f) for l in range(layers)],
             "draft": [layer_weights(seed, "draft0", d, f)],
@@ -151,7 +135,7 @@ class TinyModel:
         """Greedy argmax; where ``seeded``, a pure function of (seed, position, greedy
         token) replaces it with another token ``SEEDED_PERCENT``% of the time."""
         greedy = logits.argmax(-1)
-        u = mix(seeds_ % 2147483647, positions + 1)
+        u = mix(seeds_ % M, positions + 1)
         other = (greedy + 1 + (u >> 7) % (self.vocab - 1)) % self.vocab
         return torch.where(seeded & (u % 100 < SEEDED_PERCENT), other, greedy)
 

@@ -18,15 +18,15 @@ import torch
 
 from . import tiny_ops as T
 from .kv_store import kept_sources, store
-from .tiny import META, TinyModel, _normal, layer_weights
+from .tiny_weights import META, layer_weights, normal
 
 
 class _Head:
-    def __init__(self, model: TinyModel, name: str, beta: float = 0.35, gamma: float = 0.25):
+    def __init__(self, model, name: str, beta: float = 0.35, gamma: float = 0.25):
         d = model.d
         self.model, self.name, self.beta, self.gamma, self.d = model, name, beta, gamma, d
         self.cpu = layer_weights(model.seed, name, d, 2 * d)
-        self.cpu["wf"] = _normal(model.seed, name + ".wf", (d, d), d ** -0.5)
+        self.cpu["wf"] = normal(model.seed, name + ".wf", (d, d), d ** -0.5)
         self._dev = {}
 
     def weights(self, device):
@@ -51,7 +51,7 @@ class _Head:
 class TinyEagleHead(_Head):
     kv_dtype = torch.float32
 
-    def __init__(self, model: TinyModel):
+    def __init__(self, model):
         super().__init__(model, "eagle")
         self.kv_width = META + 3 * self.d
 
@@ -81,7 +81,7 @@ class TinyEagleHead(_Head):
 
 
 class TinyMTPHead(_Head):
-    def __init__(self, model: TinyModel):
+    def __init__(self, model):
         super().__init__(model, "mtp")
 
     def step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
@@ -96,7 +96,7 @@ class TinyMTPHead(_Head):
         return self.finish(W, P, x, a, seeds, pos + 1, seeded)
 
 
-def make_tiny_head(kind: str, model: TinyModel):
+def make_tiny_head(kind: str, model):
     if kind == "eagle":
         return TinyEagleHead(model)
     if kind == "mtp":

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .base import Checker, Violation
 

@@ -8,7 +8,9 @@ CUDA sanitizer: one handler per event kind; events without a handler are ignored
 monitor hands a batch's decode results over as one ``VerifiedBatch``; the default
 handler feeds its ``Verified`` and ``Canary`` events one by one.
 
-Checkers are built by name with ``make_checkers(names, **context)``; the context
+Checkers are built by name with ``make_checkers(names, **context)``, out of
+``REGISTRY``: the shared checkers of this package (``SHARED``) and every target's own
+(``Target.checkers``: those reading the target's own events); the context
 (e.g. ``reference=`` a non-overlap ``RunResult`` for parity) is offered to every
 checker's constructor, which takes what it knows and ignores the rest. A ``fatal``
 checker's violation means the run cannot usefully go on (a zombie): the driver stops.
@@ -16,6 +18,7 @@ checker's violation means the run cannot usefully go on (a zombie): the driver s
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Sequence, Tuple
 
@@ -103,8 +106,9 @@ class Checker:
         return []
 
 
-# checker name -> "module:Class"; each lives in its own module of this package.
-REGISTRY: Dict[str, str] = {
+# the shared checkers, name -> "module:Class": each lives in its own module of this
+# package and reads the protocol's events only (``targets`` says whose it can read)
+SHARED: Dict[str, str] = {
     "kv-accounting": "invariants.kv_accounting:KVAccounting",
     "kv-lifetime": "invariants.kv_lifetime:KVLifetime",
     "kv-canary": "invariants.kv_canary:KVCanary",
@@ -121,16 +125,67 @@ REGISTRY: Dict[str, str] = {
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",
     "kv-backup": "invariants.kv_backup:KVBackup",
     "runtime-memory": "invariants.runtime_memory:RuntimeMemory",
-    # the vLLM target's (their events come from overlapcheck.targets.vllm)
-    "vllm-placeholders": "invariants.vllm_placeholders:VllmPlaceholders",
-    "vllm-golden": "invariants.vllm_golden:VllmGolden",
-    "vllm-block-reuse": "invariants.vllm_block_reuse:VllmBlockReuse",
-    "vllm-preempt-progress": "invariants.vllm_preempt_progress:VllmPreemptProgress",
-    "vllm-overschedule": "invariants.vllm_overschedule:VllmOverschedule",
-    "vllm-sched-after-end": "invariants.vllm_sched_after_end:VllmSchedAfterEnd",
-    # the SGLang target's
-    "sglang-golden": "invariants.sglang_golden:SglangGolden",
 }
+
+
+def _target_classes() -> list:
+    """Every registered target's class (``overlapcheck.targets.TARGETS``, imported by
+    name as every registry entry is: the adapters, not their engines)."""
+    targets = importlib.import_module("overlapcheck.targets")
+    out = []
+    for path in targets.TARGETS.values():
+        module, cls = path.split(":")
+        out.append(getattr(importlib.import_module(module), cls))
+    return out
+
+
+def target_checkers(target: str) -> Dict[str, str]:
+    """The checkers target ``target`` lists as its own (``Target.checkers``; none for a
+    name the target registry does not know)."""
+    path = importlib.import_module("overlapcheck.targets").TARGETS.get(target)
+    if path is None:
+        return {}
+    module, cls = path.split(":")
+    return dict(getattr(importlib.import_module(module), cls).checkers)
+
+
+class _Registry(Mapping):
+    """checker name -> "module:Class": the shared checkers, then each target's own in
+    the order of the target registry. Derived, never kept by hand: a target adds its
+    checkers by listing them (``Target.checkers``); rebuilt when the target registry
+    changes."""
+
+    def __init__(self) -> None:
+        self._key, self._map = None, {}
+
+    def _get(self) -> Dict[str, str]:
+        targets = importlib.import_module("overlapcheck.targets")
+        key = tuple(targets.TARGETS.items())
+        if key != self._key:
+            merged = dict(SHARED)
+            for cls in _target_classes():
+                for name, path in cls.checkers.items():
+                    if name in merged:
+                        raise ValueError(f"checker {name!r} of target {cls.name} is already "
+                                         f"registered ({merged[name]})")
+                    merged[name] = path
+            self._key, self._map = key, merged
+        return self._map
+
+    def __getitem__(self, name: str) -> str:
+        return self._get()[name]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return f"REGISTRY({self._get()!r})"
+
+
+REGISTRY: Mapping = _Registry()
 
 
 def check_names(names: Iterable[str]) -> None:
@@ -154,9 +209,10 @@ def checker_class(name: str) -> type:
 
 
 def names_for(target: str = "reference") -> List[str]:
-    """Every registered checker that reads what ``target`` emits (its ``targets``)."""
-    return [n for n in REGISTRY
-            if {"*", target} & set(checker_class(n).targets)]
+    """The checkers of a run on ``target``: every shared checker that reads what it
+    emits (its ``targets``), then the target's own."""
+    return [n for n in SHARED if {"*", target} & set(checker_class(n).targets)] + list(
+        target_checkers(target))
 
 
 def make_checkers(names: Iterable[str] = (), target: str = "reference",

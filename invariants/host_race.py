@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 from overlapcheck.race.clocks import join_into
 
 from .base import Checker, Violation

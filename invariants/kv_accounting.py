@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Set, Tuple
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .base import Checker, Violation
 from .text import span

@@ -21,23 +21,22 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.canary import C_BAD, C_DIGEST, C_LEN
-from overlapcheck.engine.events import DIGEST_M
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.canary import C_BAD, C_DIGEST, C_LEN
+from overlapcheck.protocol.digest import DIGEST_M, weight
 
 from .base import Checker, Violation
 
 
-# the digest's weight of each position, ((p * 40503 + 17) mod M + 1) mod M, for
-# positions 0.. as far as a context has reached: computed once per position, not once
-# per committed token
+# the digest's weight of each position (``digest.weight`` mod M), for positions 0.. as
+# far as a context has reached: computed once per position, not once per committed token
 _WEIGHTS: List[int] = []
 
 
 def _grow_weights(n: int) -> None:
     w = _WEIGHTS
     for p in range(len(w), n):
-        w.append(((p * 40503 + 17) % DIGEST_M + 1) % DIGEST_M)
+        w.append(weight(p) % DIGEST_M)
 
 
 class KVCanary(Checker):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .kv_accounting import KVAccounting
 from .runlog import Log

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import LEGAL
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import LEGAL
 
 from .base import Checker, Violation
 

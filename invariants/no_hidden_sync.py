@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import List
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .base import Checker, Violation
 

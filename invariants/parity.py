@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .base import Checker, Violation
 

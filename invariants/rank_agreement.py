@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 from .base import Checker, Violation
 

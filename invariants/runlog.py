@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import IO, List, Optional, Union
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import RequestSpec
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import RequestSpec
 
 SCHEMA, VERSION = "overlapcheck.runlog", 1
 _NESTED = {"Snapshot": E.Snapshot, "ReqState": E.ReqState, "RequestSpec": RequestSpec}

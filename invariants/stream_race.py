@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 from overlapcheck.race.report import rows_text
 
 from .base import Checker, Violation

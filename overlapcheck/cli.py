@@ -56,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    from .targets.base import TargetUnavailable
+    from .protocol.target import TargetUnavailable
     try:
         return int(args.func(args) or 0)
     except (UsageError, TargetUnavailable) as e:

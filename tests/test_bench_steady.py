@@ -14,7 +14,7 @@ sys.path.append(os.path.join(ROOT, "bench"))   # bench/ is scripts, not a packag
 
 import gpu_overlap as G  # noqa: E402
 import steady  # noqa: E402
-from overlapcheck.engine.types import RUNNING  # noqa: E402
+from overlapcheck.protocol.types import RUNNING  # noqa: E402
 
 
 def test_balanced_order_gives_every_mode_the_same_mean_position():

@@ -1,7 +1,7 @@
 """A checker that raises (values read too early can be anything) is a finding that
 names it; the run and the other checkers go on."""
 from invariants.base import Checker
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 from overlapcheck.run import Monitor
 
 

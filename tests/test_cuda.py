@@ -127,12 +127,14 @@ def test_launches_run_on_their_stream_and_restore_the_callers_with_either_stream
     """The runtime switches streams through torch's private (id, device, type) calls, and
     through the public ones on a torch without them: the same streams either way."""
     from overlapcheck.device import cuda as C
+    from overlapcheck.device import graphs as G
     from overlapcheck.device.graphs import _stream_key
     dev = torch.cuda.current_device()
     for private in (True, False):
         if not private:
             monkeypatch.setattr(C, "_GET_STREAM", None)
             monkeypatch.setattr(C, "_SET_STREAM", None)
+            monkeypatch.setattr(G, "_GET_STREAM", None)
         rt, s, f, c = _rt(detect=False)
         before, seen = torch.cuda.current_stream(), []
         rt.launch(f, lambda: seen.append(torch.cuda.current_stream()), name="where")

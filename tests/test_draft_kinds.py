@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import generate
 
 from engine_checks import assert_parity, run_clean
 

@@ -18,9 +18,10 @@ from fake_models import make_model
 from overlapcheck import seeds
 from overlapcheck.device.sched import make_strategy
 from overlapcheck.device.sim import SimRuntime
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import RequestSpec, Workload
+from overlapcheck.protocol import events as E
 
 WL = Workload((RequestSpec(0, 0, (5, 9, 2, 7, 1, 3), 24),
                RequestSpec(1, 0, (8, 8, 4, 6, 2, 9, 11, 30, 12), 24)))

@@ -2,12 +2,13 @@
 draft token is the previous token again) becomes a config value, a ``run --draft`` and
 ``fuzz --draft`` choice and a fuzzer draw without touching anything else, and the
 engine runs it clean, with overlap equal to non-overlap."""
-import torch
 import pytest
+import torch
 
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import drafts
 from overlapcheck.engine.kernels import gate_mask
+from overlapcheck.protocol import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

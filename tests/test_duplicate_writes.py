@@ -10,8 +10,9 @@ import torch
 
 from fake_models import make_model
 from overlapcheck.device import DuplicateWriteError, make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import Engine, EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import generate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,9 +7,10 @@ import pytest
 
 from fake_models import make_model
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
-from overlapcheck.engine import events as E
-from overlapcheck.engine.workload import AbortAt
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import RequestSpec, Workload
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.workload import AbortAt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -68,7 +69,7 @@ def test_run_result_json_is_asdict():
     import dataclasses
     import json
     import random
-    from overlapcheck.engine.results import RequestResult, RunResult, Summary, _fields
+    from overlapcheck.protocol.results import RequestResult, RunResult, Summary, _fields
     rng = random.Random(3)
     for _ in range(200):
         reqs = {rid: RequestResult(rid, tuple(rng.randrange(-2 ** 63, 2 ** 63)

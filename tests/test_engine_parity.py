@@ -8,8 +8,9 @@ import pytest
 
 from fake_models import OracleModel
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
 
 from engine_checks import assert_parity, run_clean
 

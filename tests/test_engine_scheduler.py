@@ -4,10 +4,11 @@ decode reserve rules; retraction of the newest admitted request under memory
 pressure. Its memory (``accounting.Memory``) is real; the device side is a recorder of
 ownership transfers, which is all the scheduler asks of it."""
 from overlapcheck.engine import EngineConfig
-from overlapcheck.engine import events as E
 from overlapcheck.engine.accounting import Memory
 from overlapcheck.engine.scheduler import Scheduler
-from overlapcheck.engine.types import DECODE, PREFILL, RUNNING, WAITING, Request, RequestSpec
+from overlapcheck.engine.types import Request
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import DECODE, PREFILL, RUNNING, WAITING, RequestSpec
 
 
 class Transfers:

@@ -6,7 +6,8 @@ import pytest
 from fake_models import make_model
 from overlapcheck.device import make_runtime
 from overlapcheck.device.sched import Stalls
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import RequestSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
 CLASSES = [c for c in vars(E).values()
            if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == E.__name__]

@@ -11,11 +11,12 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from overlapcheck.engine import EngineConfig, RequestSpec, Workload, generate
-from overlapcheck.faults import FAULTS, FaultSet
-from overlapcheck.run import Case, ScheduleSpec, execute
+from overlapcheck.engine import EngineConfig
+from overlapcheck.engine.faults import FAULTS, FaultSet
 from overlapcheck.fuzz.strategies import cases
+from overlapcheck.protocol import RequestSpec, Workload, generate
 from overlapcheck.repro.format import Repro, save
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 BUDGET = 200          # generated examples per hunt (no shrinking: the first hit is kept)
 NO_RACE = ("kv-accounting", "kv-canary", "parity", "metrics", "no-hidden-sync", "lifecycle",
@@ -151,7 +152,7 @@ def test_fault_set_and_config_validation():
         EngineConfig(faults=("nope",))
     assert EngineConfig(faults=["abort-zombie"]).faults == ("abort-zombie",)
     for f in FAULTS.values():
-        assert f.mechanism and f.mirrors and f.trigger and f.site.startswith("engine/")
+        assert f.description and f.cites and f.trigger and f.mechanism.site.startswith("engine/")
         from invariants.base import REGISTRY
         assert f.checker in REGISTRY, f
 

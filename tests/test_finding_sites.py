@@ -3,10 +3,10 @@ frame, not the line: an edit elsewhere in the file keeps the bug's id. Repros an
 keys written the first way (file:line) still stand for the same bug."""
 import os
 
+from overlapcheck.protocol.finding import ENGINE_EXCEPTION
+from overlapcheck.protocol.finding import is_known, same_bug
 from overlapcheck.repro import load, replay
-from overlapcheck.run import ENGINE_EXCEPTION
 from overlapcheck.run.driver import _exception_finding
-from overlapcheck.run.finding import is_known, same_bug
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,8 +14,9 @@ import pytest
 
 from fake_models import make_model
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, assert_parity, run_clean

@@ -9,10 +9,12 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.future_map import FutureRing, future_slots, padded
-from overlapcheck.engine.types import DECODE, PREFILL, RUNNING, Batch, Entry
+from overlapcheck.engine.types import Batch, Entry
 from overlapcheck.fuzz.strategies import cases
+from overlapcheck.protocol import generate
+from overlapcheck.protocol.types import DECODE, PREFILL, RUNNING
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, assert_parity, run_clean, twins_agree

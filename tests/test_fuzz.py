@@ -9,10 +9,11 @@ import time
 
 from hypothesis import settings
 
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.run import Case, ScheduleSpec, execute
+from overlapcheck.engine import EngineConfig
 from overlapcheck.fuzz.campaign import Campaign, Options
 from overlapcheck.fuzz.machine import machine_for
+from overlapcheck.protocol import generate
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 CFG = EngineConfig(page_size=2, pool_tokens=98, row_width=48, max_running=4, chunk_size=8)
 
@@ -65,8 +66,9 @@ def test_cli_fuzz_bad_flags_exit_2(capsys):
 
 _WRITER = r"""
 import sys
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.run import Case, Finding, execute
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import Finding, generate
+from overlapcheck.run import Case, execute
 from overlapcheck.repro import Repro, save
 cfg = EngineConfig(pool_tokens=256, row_width=64)
 case = Case(cfg, generate(1, 40, cfg))

@@ -9,9 +9,10 @@ from fake_models.golden import Golden, shared
 from fake_models.golden_oracle import OracleRequest
 from fake_models.golden_torch import ModelRequest
 from invariants import make_checkers
-from overlapcheck.engine import EngineConfig, RequestSpec, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import RequestSpec, generate
+from overlapcheck.protocol import events as E
 from overlapcheck.run import Case, reference_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,7 +140,7 @@ def test_accept_oracle_names_the_verify_and_both_lengths():
 def test_parity_first_the_oracles_judge_what_both_runs_share():
     """With parity's reference in the context, a difference from the reference is
     parity's finding; a wrong token or accept length both runs share is the oracles'."""
-    from overlapcheck.engine.results import RequestResult, RunResult
+    from overlapcheck.protocol.results import RequestResult, RunResult
     g = list(_gold(6))
     bad = (g[2] + 1) % 64
     toks = (g[0], g[1], bad)

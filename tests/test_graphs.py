@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from fake_models import make_model
+from overlapcheck import seeds
 from overlapcheck.device import make_runtime
 from overlapcheck.device.graphs import GraphCache
-from overlapcheck.device.sim import SimRuntime
 from overlapcheck.device.sched import make_strategy
-from overlapcheck.engine import Engine, EngineConfig, generate
-from overlapcheck.engine.graphs import GraphedModel
-from overlapcheck import seeds
+from overlapcheck.device.sim import SimRuntime
+from overlapcheck.engine import Engine, EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.engine.graphs import GraphedModel
+from overlapcheck.protocol import generate
 
 from engine_checks import assert_parity
 

@@ -12,7 +12,8 @@ import pytest
 
 from fake_models import make_model
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import generate
 
 from engine_checks import assert_parity
 from test_draft_kinds import KINDS

@@ -7,7 +7,8 @@ import torch
 
 from fake_models import make_model
 from fake_models.hf import kernels, ops as O
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 pytestmark = pytest.mark.gpu

@@ -175,7 +175,7 @@ def test_config_names():
 @pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 def test_small_hf_parity_and_lossless(tmp_path, kind):
     """overlap == non-overlap per request (tokens and accept lengths), spec == no-spec."""
-    from overlapcheck.engine import generate
+    from overlapcheck.protocol import generate
     write_dir(tmp_path / "target", "tiny-qwen3", 0)
     write_dir(tmp_path / "draft", "tiny-qwen3", 1)
     model = make_model(f"hf:{tmp_path}")

@@ -55,7 +55,8 @@ def test_trained_missing_dir_is_one_line(tmp_path):
 @need_weights
 @pytest.mark.parametrize("kind", tuple(DRAFT_KINDS))
 def test_trained_parity_and_lossless(kind):
-    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.protocol import generate
     model = make_model("trained")
     for seed in ((0,) if kind == "standalone" else (1,)):
         base = dict(model="trained", draft_kind=kind, spec_steps=4, row_width=64,

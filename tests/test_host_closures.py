@@ -9,7 +9,8 @@ import torch
 from fake_models.kv_store import kept_sources as kept_torch
 from fake_models.oracle_host import kept_sources as kept_host
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, twins_agree
@@ -285,6 +286,7 @@ def test_canary_twin_matches_torch(b, monkeypatch):
     table, a prefix column, another tag order; and raises where the kernel's gathers
     refuse."""
     from overlapcheck.engine import canary as C
+    from overlapcheck.protocol.canary import CANARY
     from overlapcheck.engine import kernels_host as KH
     from overlapcheck.engine.kernels import N, RID, ROW, START
     clean, real = [], KH._canary_clean
@@ -316,7 +318,7 @@ def test_canary_twin_matches_torch(b, monkeypatch):
         tags = (0, 1, 2) if rng.random() < 0.5 else (2, 0, 1)
         prefill, pfx = bool(rng.random() < 0.5), (5 if rng.random() < 0.5 else None)
         meta[:, 5] = rng.integers(0, width, b + 1)
-        want = np.full((b + 1, C.CANARY), 7, dtype=np.int64)
+        want = np.full((b + 1, CANARY), 7, dtype=np.int64)
         got = want.copy()
         t = [torch.from_numpy(a) for a in (kv, table, meta, lens, want)]
         try:

@@ -6,11 +6,12 @@ import pytest
 
 from fake_models import make_model
 from invariants import make_checkers, names_for
-from overlapcheck.run import Case, reference_run, run_checked
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import config as engine_config
 from overlapcheck.engine.drafts import DRAFT_KINDS
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
+from overlapcheck.run import Case, reference_run, run_checked
 
 STRATEGIES = ("random", "pct", "buggify", "eager")
 # Every draft kind with every model the config accepts; the oracle (fast) over more

@@ -3,11 +3,12 @@ import json
 
 import pytest
 
-from overlapcheck.run import run_checked
 from invariants.runlog import RunLog, read_log
 from overlapcheck.cli import main
-from overlapcheck.engine import Engine, EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
+from overlapcheck.run import run_checked
 
 CFG = EngineConfig(page_size=4, pool_tokens=256, row_width=64, max_running=6, chunk_size=16)
 

@@ -1,8 +1,9 @@
 """liveness: a planted zombie and a planted stuck wait become violations instead of
 hangs (both runs are given an effectively unbounded step budget)."""
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import RequestSpec, Workload
+from overlapcheck.protocol.workload import AbortAt
 from overlapcheck.run import run_checked
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload
-from overlapcheck.engine.workload import AbortAt
 
 CFG = EngineConfig(page_size=1, pool_tokens=256, row_width=64, max_running=4, chunk_size=16)
 FOREVER = 10 ** 9
@@ -97,7 +98,7 @@ def test_planted_livelock_is_reported_long_before_the_engines_bound():
 
 def test_livelock_rule_is_quiet_on_clean_runs_that_retract():
     """A pool of one row and a bit for six requests: retractions all along, no livelock."""
-    from overlapcheck.engine import generate
+    from overlapcheck.protocol import generate
     cfg = EngineConfig(page_size=2, pool_tokens=40, row_width=32, max_running=4, chunk_size=3,
                        spec_steps=3, zero_bubble=True)
     retracted = 0

@@ -5,11 +5,13 @@ import dataclasses
 
 from fake_models import OracleModel
 from invariants import make_checkers
-from overlapcheck.run import Case, reference_run, run_checked
-from overlapcheck.engine import Engine, EngineConfig, RequestSpec, Workload, generate
-from overlapcheck.engine import events as E
-from overlapcheck.engine.results import RequestResult, RunResult
+from overlapcheck.engine import Engine, EngineConfig
+from overlapcheck.protocol import RequestSpec, Workload, generate
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.digest import token_digest
+from overlapcheck.protocol.results import RequestResult, RunResult
 from overlapcheck.race import Detector, OpInfo
+from overlapcheck.run import Case, reference_run, run_checked
 
 CFG = EngineConfig(page_size=4, pool_tokens=256, row_width=64, max_running=6, chunk_size=16)
 
@@ -146,7 +148,7 @@ def test_kv_canary_stale_committed_length():
     evs = [E.Arrived(0, -1, 0, RequestSpec(0, 0, (1, 2, 3), 9)),
            E.Prefilled(0, 0, 0, 7, False),
            E.Verified(1, 1, 0, 0, 2, (8, 9), False),
-           E.Canary(1, 1, 0, 5, 0, -1, -1, (0, 0, 0), E.token_digest((1, 2, 3, 7, 8)))]
+           E.Canary(1, 1, 0, 5, 0, -1, -1, (0, 0, 0), token_digest((1, 2, 3, 7, 8)))]
     (v,) = _feed("kv-canary", evs)
     assert v.site == ("committed-length",) and "3 positions" in v.expected and "5 positions" in v.seen
 

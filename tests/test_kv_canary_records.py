@@ -2,8 +2,9 @@
 violation of its own (the copy had not landed), never a crash of the checker; and the
 canary checkers are idle where no record can come."""
 from invariants.kv_canary import KVCanary
-from overlapcheck.engine import RequestSpec
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import RequestSpec
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.digest import token_digest
 
 POISON = -6510615555426900571
 
@@ -28,7 +29,7 @@ def test_a_mismatch_past_the_known_tokens_names_the_slot():
 
 def test_a_good_record_is_quiet():
     c = _checker()
-    digest = E.token_digest([3, 4, 5])
+    digest = token_digest([3, 4, 5])
     assert c.feed(E.Canary(2, 0, 7, 3, 0, -1, -1, (0, 0, 7), digest)) == []
 
 
@@ -47,9 +48,9 @@ def test_the_prefix_digests_are_the_digests_of_every_committed_prefix():
     toks = list(prompt) + [11, 12, -3, 2**61 + 5]
     assert c.tokens[7] == toks
     for n in range(len(toks) + 1):
-        assert c.digest(7, n) == E.token_digest(toks[:n])
-        assert c.feed(E.Canary(3, 9, 7, n, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:n]))) == []
-    bad = c.feed(E.Canary(3, 9, 7, 5, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:4])))
+        assert c.digest(7, n) == token_digest(toks[:n])
+        assert c.feed(E.Canary(3, 9, 7, n, 0, -1, -1, (0, 0, 7), token_digest(toks[:n]))) == []
+    bad = c.feed(E.Canary(3, 9, 7, 5, 0, -1, -1, (0, 0, 7), token_digest(toks[:4])))
     assert [v.site for v in bad] == [("token-digest",)]
 
 
@@ -61,7 +62,7 @@ def test_prefix_digests_read_longest_first_agree():
     c.feed(E.Verified(2, 1, 7, 0, 2, (9, 10), False))
     toks = [5, 6, 7, 8, 9, 10]
     for n in (6, 3, 0, 5):
-        assert c.digest(7, n) == E.token_digest(toks[:n])
+        assert c.digest(7, n) == token_digest(toks[:n])
 
 
 def test_the_canary_checkers_are_idle_exactly_where_no_record_can_come():
@@ -71,7 +72,8 @@ def test_the_canary_checkers_are_idle_exactly_where_no_record_can_come():
     from fake_models import kv_tagged, make_model
     from invariants import make_checkers
     from overlapcheck import targets
-    from overlapcheck.engine import EngineConfig, generate, make_engine
+    from overlapcheck.engine import EngineConfig, make_engine
+    from overlapcheck.protocol import generate
     from overlapcheck.engine.canary import tag_columns
     from overlapcheck.run import Case, ScheduleSpec, execute
     for tags, idle in ((False, True), (True, False), (None, False)):

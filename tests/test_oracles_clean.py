@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import config as engine_config
-from overlapcheck.engine import events as E
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,9 +10,10 @@ import random
 
 import pytest
 
-from overlapcheck.engine import Engine, EngineConfig, generate
+from overlapcheck.engine import Engine, EngineConfig
 from overlapcheck.engine import drafts_eagle, drafts_mtp
 from overlapcheck.engine import kernels as K
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 pytestmark = pytest.mark.usefixtures("one_thread")

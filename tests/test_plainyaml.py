@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from overlapcheck import plainyaml
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.engine.workload import dump, load
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol.workload import dump, generate, load
 
 _SCALARS = st.one_of(st.integers(-10 ** 20, 10 ** 20), st.booleans(), st.none(),
                      st.floats(allow_nan=False), st.text(max_size=12),

@@ -16,10 +16,11 @@ from invariants import make_checkers
 from invariants.runlog import RunLog
 from overlapcheck.cli import main
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import EngineConfig, RequestSpec, Workload, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.radix import RadixCache, pair_keys
 from overlapcheck.fuzz.strategies import cases
+from overlapcheck.protocol import RequestSpec, Workload, generate
+from overlapcheck.protocol import events as E
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, assert_parity, run_clean, twins_agree

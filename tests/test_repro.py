@@ -8,10 +8,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.run import Case, Finding, ScheduleSpec, execute
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import generate
+from overlapcheck.protocol.finding import Finding
 from overlapcheck.repro import Repro, ReproError, load, loads, replay, save
 from overlapcheck.repro.format import dumps
+from overlapcheck.run import Case, ScheduleSpec, execute
 
 CFG = EngineConfig(pool_tokens=256, row_width=64, max_running=4)
 

@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from overlapcheck.device import api
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.engine import events as E
-from overlapcheck.engine.workload import Workload
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
+from overlapcheck.protocol.workload import Workload
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 pytestmark = pytest.mark.usefixtures("one_thread")

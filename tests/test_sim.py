@@ -241,7 +241,8 @@ def test_work_run_at_once_is_the_deferred_run():
     stamps included), digest, findings and race reports."""
     from overlapcheck.device.sched import Eager, Stalls
     from overlapcheck.device.sim import SimRuntime
-    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.protocol import generate
     from overlapcheck.run import Case, ScheduleSpec, execute
 
     class DeferredStalls(Stalls):
@@ -344,7 +345,8 @@ def test_inlined_launch_and_kept_ready_list_are_the_plain_sim(schedule):
     overlap, logical ranks (host flags), the forward thread (host choices), faults that
     race, and the detector-less reference run."""
     from overlapcheck.device.sim import SimRuntime
-    from overlapcheck.engine import EngineConfig, generate
+    from overlapcheck.engine import EngineConfig
+    from overlapcheck.protocol import generate
     from overlapcheck.run import Case, ScheduleSpec, execute
 
     base = dict(page_size=2, pool_tokens=96, row_width=32, max_running=4, chunk_size=8,

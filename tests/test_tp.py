@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 
-from overlapcheck.run import run_checked
 from invariants.rank_agreement import RankAgreement
-from overlapcheck.engine import EngineConfig, TPEngine, generate
-from overlapcheck.run import run_workload
-from overlapcheck.engine import events as E
+from overlapcheck.engine import EngineConfig, TPEngine
 from overlapcheck.engine.tp import Collective
-from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.fuzz.strategies import features
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
+from overlapcheck.run import Case, ScheduleSpec, execute
+from overlapcheck.run import run_checked
+from overlapcheck.run import run_workload
 
 CFG = EngineConfig(page_size=2, pool_tokens=96, row_width=32, max_running=4, chunk_size=8,
                    spec_steps=3)

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from overlapcheck.cli import main
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine.dist import EXIT_CODE, EXIT_ENV
+from overlapcheck.protocol import generate
 from overlapcheck.run.dist import run_dist
 
 RUN = [sys.executable, "-m", "overlapcheck", "run", "--seed", "4", "--requests", "6"]

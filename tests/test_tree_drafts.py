@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from fake_models import make_model
 from fake_models.golden_oracle import OracleRequest
-from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import kernels as K
 from overlapcheck.fuzz.strategies import cases
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import ENGINE_MODES, assert_parity, run_clean

@@ -7,10 +7,12 @@ import pytest
 from invariants import make_checkers
 from invariants.base import Checker
 from invariants.kv_canary import KVCanary
-from overlapcheck.engine import EngineConfig, generate, make_engine
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import RequestSpec
-from overlapcheck.engine.canary import CANARY, C_BAD, C_DIGEST, C_LEN, C_RID, C_SLOT
+from overlapcheck.engine import EngineConfig, make_engine
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
+from overlapcheck.protocol.canary import CANARY, C_BAD, C_DIGEST, C_LEN, C_RID, C_SLOT
+from overlapcheck.protocol.digest import token_digest
+from overlapcheck.protocol.types import RequestSpec
 from overlapcheck.run import Case, Monitor, ScheduleSpec, execute
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,7 +97,7 @@ def _runs():
     before = [E.Arrived(0, -1, rid, spec(rid)) for rid in toks]
     before += [E.Prefilled(1, 0, rid, 6, False) for rid in toks]
     full = {rid: toks[rid] + [6] for rid in toks}
-    ok = lambda rid, n: E.token_digest(full[rid][:n])
+    ok = lambda rid, n: token_digest(full[rid][:n])
 
     def batch(records, tokens=((7, 8), (7,)), dropped=(False, False), index=(0, 0)):
         return E.VerifiedBatch(2, 1, (0, 1), index, tuple(len(t) for t in tokens),

@@ -11,9 +11,10 @@ import torch
 
 from fake_models import make_model
 from overlapcheck.device import make_runtime
-from overlapcheck.engine import Engine, EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.engine import Engine, EngineConfig
 from overlapcheck.engine.drafts import DRAFT_KINDS
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol import generate
 from overlapcheck.run import Case, ScheduleSpec, execute
 
 from engine_checks import assert_parity, run_clean

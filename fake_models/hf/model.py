@@ -9,7 +9,7 @@ from typing import Callable, Dict
 
 import torch
 
-from ..oracle import SEEDED_PERCENT, M
+from ..oracle_rule import SEEDED_PERCENT, M
 from . import kernels
 from .decoder import Decoder
 from .errors import ModelError

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..oracle import mix
+from ..oracle_rule import mix
 from ..tiny_ops import NEG, context_slots, poly_exp, tree_sum
 from ..tiny_ops import linear as tree_linear
 
@@ -107,7 +107,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
            seeded: torch.Tensor, vocab: int, percent: int, modulus: int) -> torch.Tensor:
     """Greedy argmax; where ``seeded``, another token ``percent``% of the time (a pure
-    function of seed, position and the greedy token: ``fake_models.oracle.mix``)."""
+    function of seed, position and the greedy token: ``fake_models.oracle_rule.mix``)."""
     greedy = logits.argmax(-1)
     u = mix(seeds % modulus, positions + 1)
     other = (greedy + 1 + (u >> 7) % (vocab - 1)) % vocab

@@ -603,7 +603,7 @@ def _sample_kernel(val_ptr, idx_ptr, seed_ptr, pos_ptr, on_ptr, y_ptr, n, vocab,
     x = tl.load(seed_ptr + i, mask=ok, other=0) % M
     x = tl.where(x < 0, x + M, x)          # torch's % is a floor modulo, Triton's truncates
     y = tl.load(pos_ptr + i, mask=ok, other=0) + 1
-    u = (x * 48271 + (y % M) * 69621 + 12345) % M      # oracle.mix(x, y)
+    u = (x * 48271 + (y % M) * 69621 + 12345) % M      # oracle_rule.mix(x, y)
     u = u ^ (u >> 11)
     other = (g + 1 + (u >> 7) % (vocab - 1)) % vocab
     on = tl.load(on_ptr + i, mask=ok, other=0) != 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict
+from typing import Dict
 
 from .. import seeds
 from .sched import STRATEGIES, Diverged, Replay, Strategy, make_strategy
@@ -50,9 +50,6 @@ def check_available(name: str) -> None:
         import torch
         if not torch.cuda.is_available():
             raise RuntimeError(f"--device {name} needs a CUDA GPU and a CUDA build of torch")
-
-if TYPE_CHECKING:
-    from .api import Runtime
 
 # the runtime and buffers need torch: imported on first use, so that the command line
 # answers `--help` and usage errors without loading torch

@@ -216,6 +216,12 @@ class Runtime:
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
         self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
 
+    def dispose(self) -> None:
+        """Empty this runtime (its streams and events point back at it): a finished
+        run's object graph is then freed by reference counting, not by the cyclic
+        collector (``Session.dispose``). Nothing may use it afterwards."""
+        self.__dict__.clear()
+
     # -- reports ---------------------------------------------------------------------
     @property
     def reports(self) -> List[RaceReport]:

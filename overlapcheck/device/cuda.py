@@ -35,13 +35,6 @@ _GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
 _SET_STREAM = getattr(torch._C, "_cuda_setStream", None)
 
 
-def current_stream_id(dev: int) -> int:
-    """The id of ``dev``'s current stream (``torch.cuda.Stream.stream_id``)."""
-    if _GET_STREAM is None:
-        return torch.cuda.current_stream(dev).stream_id
-    return _GET_STREAM(dev)[0]
-
-
 class CudaRuntime(Runtime):
     backend = "cuda"
     gpu = True

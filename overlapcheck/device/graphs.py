@@ -36,8 +36,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .cuda import current_stream_id
-
 PLAIN = (int, float, bool, str, type(None))
 Capture = Callable[[Callable, List[Any]], Tuple[Callable[[], None], Any]]
 
@@ -174,6 +172,17 @@ def _check_outputs(out) -> None:
         isinstance(out, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in out))
     if not ok:
         raise TypeError(f"a graphed call must return None or tensors, got {type(out).__name__}")
+
+
+_GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)   # as the cuda runtime's
+
+
+def current_stream_id(dev: int) -> int:
+    """The id of ``dev``'s current stream (``torch.cuda.Stream.stream_id``), without the
+    ``Stream`` object ``torch.cuda.current_stream`` builds per read."""
+    if _GET_STREAM is None:
+        return torch.cuda.current_stream(dev).stream_id
+    return _GET_STREAM(dev)[0]
 
 
 def _stream_key(dev: Optional[int] = None):

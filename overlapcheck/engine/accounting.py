@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple
 
-from ..faults import FaultSet
-from . import events as E
+from ..protocol import events as E
+from ..protocol.types import LENGTH, STOP
 from .config import EngineConfig
+from .faults import FaultSet
 from .memory import BACKUP_PURPOSE, PREFILL_PURPOSE, KVPool, RowPool
 from .radix import RadixCache, pair_keys
-from .types import LENGTH, STOP, Request
+from .types import Request
 
 
 class Memory:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .canary import BK_BAD, BK_END, BK_KPOS, BK_POS, BK_RID, BK_START, BK_TOK
+from ..protocol.canary import BK_BAD, BK_END, BK_KPOS, BK_POS, BK_RID, BK_START, BK_TOK
 from .kernels import LAST, N, ROW, START
 
 SPAN = 2

@@ -10,8 +10,8 @@ from typing import Iterable
 
 import torch
 
+from ..protocol.canary import CANARY
 from .config import EngineConfig
-from .canary import CANARY
 from .future_map import future_slots
 from .kernels import meta_width
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from ..faults import check_names
 from .drafts import check_kind
+from .faults import check_names
 
 RESERVE_RULES = ("double", "exact")
 FUTURE_MAPS = ("row", "ring")   # engine/future_map.py

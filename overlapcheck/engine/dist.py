@@ -19,10 +19,10 @@ from typing import Optional
 import torch
 
 from ..device import StuckWait
-from . import events as E
+from ..protocol import events as E
+from ..protocol.types import DECODE, PREFILL
 from .loop import Engine
 from .tp import rank_batch
-from .types import DECODE, PREFILL
 
 EXIT_ENV, EXIT_CODE = "OVERLAPCHECK_DIST_EXIT", 17
 KINDS = ("none", PREFILL, DECODE)

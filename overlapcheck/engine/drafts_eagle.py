@@ -27,7 +27,7 @@ from typing import List
 
 import torch
 
-from ..faults import FaultSet
+from .faults import FaultSet
 from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED,
                       START, gate_mask, round_tokens, stores, tree_cut, tree_node)
 

@@ -27,7 +27,7 @@ from typing import List
 
 import torch
 
-from ..faults import FaultSet
+from .faults import FaultSet
 from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens, stores
 
 

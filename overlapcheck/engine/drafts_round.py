@@ -34,9 +34,10 @@ from typing import List, Set
 
 import torch
 
+from ..protocol.types import PREFILL
 from . import kernels as K
-from ..faults import FaultSet
-from .types import PREFILL, Batch
+from .faults import FaultSet
+from .types import Batch
 
 
 class Round:

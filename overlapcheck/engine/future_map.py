@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..faults import FaultSet
+from ..protocol.types import PREFILL, RUNNING
 from .config import EngineConfig
-from .types import PREFILL, RUNNING, Batch
+from .faults import FaultSet
+from .types import Batch
 
 
 def future_slots(cfg: EngineConfig) -> int:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..protocol import canary as R
+from ..protocol.digest import DIGEST_M, weight
 from . import backup_check as BK
 from . import canary as C
 from . import drafts_eagle as DE
@@ -667,19 +669,18 @@ _DIGEST = {}    # table width -> (positions, their digest factors, those as a li
 
 
 def _digest_factors(width: int):
-    """``pos = arange(width)`` and ``(pos * 40503 + 17) % DIGEST_M + 1`` (the canary's
-    digest weights, the same for every call on a table of that width), and the factors
-    as Python ints."""
+    """``pos = arange(width)`` and ``digest.weight(pos)`` (the canary's digest weights,
+    the same for every call on a table of that width), and the factors as Python ints."""
     hit = _DIGEST.get(width)
     if hit is None:
         pos = np.arange(width)
-        factor = (pos * 40503 + 17) % C.DIGEST_M + 1
+        factor = weight(pos)
         hit = _DIGEST[width] = (pos, factor, factor.tolist())
     return hit
 
 
 _TAGS = (0, 1, 2)   # tag columns in the canary record's order (the oracle's)
-assert (C.C_KPOS, C.C_RID) == (C.C_TOK + 1, C.C_TOK + 2)   # one slice of the record
+assert (R.C_KPOS, R.C_RID) == (R.C_TOK + 1, R.C_TOK + 2)   # one slice of the record
 
 
 @host_twin(C.canary)
@@ -706,33 +707,33 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     if pfx is not None:
         foreign &= pos >= m[:, pfx, None]
     bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
-    terms = rows[..., tok_c] % C.DIGEST_M
+    terms = rows[..., tok_c] % DIGEST_M
     terms *= factor
-    terms %= C.DIGEST_M
+    terms %= DIGEST_M
     terms *= mask
-    out[:b, C.C_LEN] = n
-    out[:b, C.C_DIGEST] = _sum(terms, 1) % C.DIGEST_M
+    out[:b, R.C_LEN] = n
+    out[:b, R.C_DIGEST] = _sum(terms, 1) % DIGEST_M
     if not np.count_nonzero(bad):    # the common case: no entry read a wrong slot
-        out[:b, C.C_BAD] = 0
-        out[:b, C.C_SLOT] = -1
-        out[:b, C.C_POS] = -1
+        out[:b, R.C_BAD] = 0
+        out[:b, R.C_SLOT] = -1
+        out[:b, R.C_POS] = -1
         at = rows[:, 0]
     else:
         anybad = _any(bad, 1)
         first = np.where(anybad, bad.argmax(1), 0)
         at = rows[np.arange(b), first]
-        out[:b, C.C_BAD] = _sum(bad, 1)
-        out[:b, C.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
-        out[:b, C.C_POS] = np.where(anybad, first, -1)
+        out[:b, R.C_BAD] = _sum(bad, 1)
+        out[:b, R.C_SLOT] = np.where(anybad, raw[np.arange(b), first], -1)
+        out[:b, R.C_POS] = np.where(anybad, first, -1)
     if tags == _TAGS:
-        out[:b, C.C_TOK:C.C_RID + 1] = at[:, :3]
+        out[:b, R.C_TOK:R.C_RID + 1] = at[:, :3]
     else:
-        out[:b, C.C_TOK] = at[:, tok_c]
-        out[:b, C.C_KPOS] = at[:, pos_c]
-        out[:b, C.C_RID] = at[:, rid_c]
+        out[:b, R.C_TOK] = at[:, tok_c]
+        out[:b, R.C_KPOS] = at[:, pos_c]
+        out[:b, R.C_RID] = at[:, rid_c]
 
 
-assert (C.C_LEN, C.C_BAD, C.C_SLOT, C.C_POS, C.C_TOK, C.C_KPOS, C.C_RID, C.C_DIGEST) == \
+assert (R.C_LEN, R.C_BAD, R.C_SLOT, R.C_POS, R.C_TOK, R.C_KPOS, R.C_RID, R.C_DIGEST) == \
     tuple(range(8))     # the record's first columns, in this order
 
 
@@ -749,9 +750,9 @@ def _canary_clean(kv, idx, raw, c, out, tags, n, factor, rid, shared, i=0) -> bo
     s0 = min(max(shared, 0), c)
     if poss != list(range(c)) or rids[s0:] != [rid] * (c - s0):
         return False
-    D = C.DIGEST_M
+    D = DIGEST_M
     digest = sum([t % D * f % D for t, f in zip(toks, factor)]) % D
-    out[i, :C.C_DIGEST + 1] = [n, 0, -1, -1, toks[0], poss[0], rids[0], digest]
+    out[i, :R.C_DIGEST + 1] = [n, 0, -1, -1, toks[0], poss[0], rids[0], digest]
     return True
 
 
@@ -769,7 +770,7 @@ def _canary_one(kv, table, m, n, out, tags, pfx, i=0):
     size = kv.shape[0]
     factor = _digest_factors(table.shape[1])[2]
     rid, shared = m[RID], (m[pfx] if pfx is not None else 0)
-    if c and out.shape[1] > C.C_DIGEST and _canary_clean(kv, idx, raw, c, out, tags, n,
+    if c and out.shape[1] > R.C_DIGEST and _canary_clean(kv, idx, raw, c, out, tags, n,
                                                           factor, rid, shared, i):
         return
     rows = kv[[s if 0 <= s < size else 0 for s in raw]].tolist() if c else []
@@ -782,17 +783,17 @@ def _canary_one(kv, table, m, n, out, tags, pfx, i=0):
             nbad += 1
             if first < 0:
                 first = p
-        digest += r[tok_c] % C.DIGEST_M * factor[p] % C.DIGEST_M
+        digest += r[tok_c] % DIGEST_M * factor[p] % DIGEST_M
     rec = out[i]
-    rec[C.C_LEN] = n
-    rec[C.C_DIGEST] = digest % C.DIGEST_M
+    rec[R.C_LEN] = n
+    rec[R.C_DIGEST] = digest % DIGEST_M
     if not nbad:
-        rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS] = 0, -1, -1
+        rec[R.C_BAD], rec[R.C_SLOT], rec[R.C_POS] = 0, -1, -1
         at = rows[0] if c else kv[0].tolist()
     else:
-        rec[C.C_BAD], rec[C.C_SLOT], rec[C.C_POS] = nbad, raw[first], first
+        rec[R.C_BAD], rec[R.C_SLOT], rec[R.C_POS] = nbad, raw[first], first
         at = rows[first]
-    rec[C.C_TOK], rec[C.C_KPOS], rec[C.C_RID] = at[tok_c], at[pos_c], at[rid_c]
+    rec[R.C_TOK], rec[R.C_KPOS], rec[R.C_RID] = at[tok_c], at[pos_c], at[rid_c]
 
 
 # -- backup_check.py -----------------------------------------------------------------------
@@ -851,8 +852,8 @@ def note_backup(span, meta, lens, out_acc, b):
     span[rows, 1] = np.where(end == lens[:b], lens[:b] + out_acc[:b], end)
 
 
-assert (C.BK_START, C.BK_END, C.BK_BAD, C.BK_POS, C.BK_TOK, C.BK_KPOS, C.BK_RID) == \
-    tuple(range(C.BK_START, C.BK_START + 7))    # one slice of the record
+assert (R.BK_START, R.BK_END, R.BK_BAD, R.BK_POS, R.BK_TOK, R.BK_KPOS, R.BK_RID) == \
+    tuple(range(R.BK_START, R.BK_START + 7))    # one slice of the record
 
 
 def _check_backup_few(kv, host_kv, table, host_table, span, meta, out, tags, b) -> bool:
@@ -865,7 +866,7 @@ def _check_backup_few(kv, host_kv, table, host_table, span, meta, out, tags, b) 
             and kv.ndim == host_kv.ndim == table.ndim == host_table.ndim == span.ndim == 2
             and kv.shape[0] and host_kv.shape[0] and kv.shape[1] == host_kv.shape[1]
             and table.shape[1] == host_table.shape[1] and table.shape[1] and span.shape[1] >= 2
-            and out.shape[1] > C.BK_RID):
+            and out.shape[1] > R.BK_RID):
         return False
     for c in tags:
         if not 0 <= c < kv.shape[1]:
@@ -894,7 +895,7 @@ def _check_backup_few(kv, host_kv, table, host_table, span, meta, out, tags, b) 
                                  and 0 <= dst[first] < hs) else 0   # else the padding slot
         at = host_kv[held_at].tolist()
         recs.append([s, e, len(bad), bad[0] if bad else -1, at[tok_c], at[pos_c], at[rid_c]])
-    out[:b, C.BK_START:C.BK_RID + 1] = recs
+    out[:b, R.BK_START:R.BK_RID + 1] = recs
     return True
 
 
@@ -917,13 +918,13 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
     anybad = _any(bad, 1)
     first = np.where(anybad, bad.argmax(1), 0)
     at = held[np.arange(b), first]
-    out[:b, C.BK_START] = s
-    out[:b, C.BK_END] = e
-    out[:b, C.BK_BAD] = _sum(bad, 1)
-    out[:b, C.BK_POS] = np.where(anybad, first, -1)
-    out[:b, C.BK_TOK] = at[:, tok_c]
-    out[:b, C.BK_KPOS] = at[:, pos_c]
-    out[:b, C.BK_RID] = at[:, rid_c]
+    out[:b, R.BK_START] = s
+    out[:b, R.BK_END] = e
+    out[:b, R.BK_BAD] = _sum(bad, 1)
+    out[:b, R.BK_POS] = np.where(anybad, first, -1)
+    out[:b, R.BK_TOK] = at[:, tok_c]
+    out[:b, R.BK_KPOS] = at[:, pos_c]
+    out[:b, R.BK_RID] = at[:, rid_c]
 
 
 # -- drafts_eagle.py -----------------------------------------------------------------------

@@ -12,24 +12,22 @@ from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..device import StuckWait
-from ..faults import FaultSet
-from . import canary as C
-from . import events as E
+from ..protocol import canary as C
+from ..protocol import events as E
+from ..protocol.results import RequestResult, RunResult, summarize
+from ..protocol.target import EngineStuck
+from ..protocol.types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING,
+                              RUNNING, STOP, WAITING, RequestSpec)
 from .accounting import Memory
 from .buffers import DeviceState
 from .config import EngineConfig
+from .faults import FaultSet
 from .graphs import GraphedModel
-from .results import RequestResult, RunResult, summarize
 from .scheduler import Scheduler
 from .threads import (FORWARD, GET, POINT, PUT, SCHEDULER, HostThreads, ReadLog,
                       shared_state, written)
-from .types import (ABORT, ABORTED, FINISHED, LEGAL, LENGTH, PREFILL, PREFILLING, RUNNING,
-                    STOP, WAITING, Batch, Request, RequestSpec)
+from .types import Batch, Request
 from .worker import SpecWorker
-
-
-class EngineStuck(RuntimeError):
-    """The run exceeded its step bound (a request that never ends)."""
 
 
 class Engine:
@@ -429,6 +427,12 @@ class Engine:
         return {"host_total": host.total * ps, "host_free": host.free_pages * ps,
                 "host_pending": host.pending_pages * ps,
                 "host_ledger": host.view(host.ledger_rows, host.ledger_size())}
+
+    def dispose(self) -> None:
+        """Empty this engine (its parts point back at it): a finished run's object graph
+        is then freed by reference counting, not by the cyclic collector
+        (``Session.dispose``). Nothing may use it afterwards."""
+        self.__dict__.clear()
 
     # -- a whole workload ------------------------------------------------------------------
     def run(self, workload, max_steps: Optional[int] = None,

@@ -18,9 +18,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from ..protocol.events import LazyTuple
+from ..protocol.types import BatchId, RequestId, Step
 from .config import EngineConfig
-from .events import LazyTuple
-from .types import BatchId, RequestId, Step
 
 PREFILL_PURPOSE, DECODE_PURPOSE, DRAFT_PURPOSE = "prefill", "decode", "draft"
 VERIFY_PURPOSE = "verify"   # frozen-KV MTP's decode reserve: target KV only (Scheduler.decode_purpose)

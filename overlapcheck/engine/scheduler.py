@@ -10,13 +10,14 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Dict, List, Optional
 
-from ..faults import FaultSet
-from . import events as E
+from ..protocol import events as E
+from ..protocol.types import DECODE, PREFILL, PREFILLING, RUNNING, WAITING
 from .accounting import Memory
 from .config import EngineConfig
 from .drafts import drafter_class
+from .faults import FaultSet
 from .memory import DECODE_PURPOSE, DRAFT_PURPOSE, PREFILL_PURPOSE, VERIFY_PURPOSE
-from .types import DECODE, PREFILL, PREFILLING, RUNNING, WAITING, Batch, Entry, Request
+from .types import Batch, Entry, Request
 
 
 class Scheduler:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
-from . import events as E
+from ..protocol import events as E
 from .config import EngineConfig
 from .loop import Engine
 from .types import Batch

@@ -1,4 +1,5 @@
-"""Shared engine types: request specs, live requests and batches.
+"""The reference engine's live requests and batches (the shared names, states and
+``RequestSpec`` are the protocol's, ``overlapcheck/protocol/types.py``).
 
 Comments on ``Request`` fields say which component writes each one.
 """
@@ -7,43 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-RequestId = int
-BatchId = int
-Step = int
-
-# Request states.
-WAITING, PREFILLING, RUNNING, FINISHED, ABORTED = (
-    "waiting", "prefilling", "running", "finished", "aborted")
-LEGAL = {  # state -> states it may move to
-    WAITING: (PREFILLING, ABORTED),
-    PREFILLING: (RUNNING, ABORTED),
-    RUNNING: (WAITING, FINISHED, ABORTED),   # running -> waiting: retraction
-    FINISHED: (),
-    ABORTED: (),
-}
-
-# Finish reasons.
-STOP, LENGTH, ABORT = "stop", "length", "abort"
-
-# Sampling modes.
-GREEDY, SEEDED = "greedy", "seeded"
-SAMPLING = (GREEDY, SEEDED)
-
-# Batch kinds.
-PREFILL, DECODE = "prefill", "decode"
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One arrival of a workload: pure data."""
-
-    rid: RequestId
-    arrival: Step
-    prompt: Tuple[int, ...]
-    max_new_tokens: int
-    stop_ids: Tuple[int, ...] = ()
-    seed: int = 0
-    sampling: str = GREEDY
+from ..protocol.types import ABORTED, FINISHED, WAITING, BatchId, RequestId, RequestSpec, Step
 
 
 @dataclass

@@ -22,16 +22,17 @@ from typing import List, Tuple
 
 import torch
 
+from ..protocol.types import PREFILL, SEEDED
 from . import backup_check as BK
 from . import canary as C
 from . import kernels as K
 from . import kernels_host  # noqa: F401 - registers the kernels' host twins (the sim's)
 from .buffers import DeviceState
-from ..faults import FaultSet
 from .drafts import make_drafter
 from .drafts_round import DraftRounds
+from .faults import FaultSet
 from .future_map import make_future_map
-from .types import PREFILL, SEEDED, Batch
+from .types import Batch
 
 
 class SpecWorker:

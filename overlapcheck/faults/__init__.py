@@ -1,46 +1,19 @@
-"""The bug zoo: named re-creations of real overlap-scheduling bugs, off by default.
+"""Faults: named bugs a target can switch on, off by default, each caught (or not) by
+the checker it names. One type, two mechanisms:
 
-``FAULTS`` (name -> ``Fault``) documents each one; the engine receives the enabled
-names through ``EngineConfig.faults`` and asks ``FaultSet.on(name)`` at each guarded
-site. ``overlapcheck faults`` lists them.
+* ``Fault`` (``fault.py``): name, what goes wrong, the public bug it re-creates, the
+  checker expected to catch it, the trigger a run needs, the mechanism, and any fields
+  of the target's own; ``overlapcheck faults [--target NAME] [--json]`` lists them;
+* ``GuardedSite`` and ``Guards`` (``guard.py``): an ``if faults.on(NAME):`` in an engine
+  written for overlapcheck (the reference engine's bug zoo, ``engine/faults.py``);
+* ``SourcePatch`` (``patch.py``): a real engine's function recompiled from its pre-fix
+  source, bound to one object or installed for a block (the vLLM and SGLang targets'
+  ``faults.py``).
+
+Each target lists its own (``Target.faults()``); nothing in the fuzzer knows a name.
 """
-from __future__ import annotations
+from .fault import Fault
+from .guard import GuardedSite, Guards
+from .patch import FunctionPatch, PatchMismatch, SourcePatch
 
-from typing import Iterable
-
-from .registry import FAULTS, Fault
-
-__all__ = ["FAULTS", "Fault", "FaultSet", "check_names"]
-
-
-def check_names(names: Iterable[str]) -> None:
-    """Raise ``ValueError`` (one line, listing the valid names) for an unknown fault."""
-    for n in names:
-        if n not in FAULTS:
-            raise ValueError(f"unknown fault {n!r} (choose from {', '.join(sorted(FAULTS))})")
-
-
-class FaultSet:
-    """The faults enabled in one engine instance (immutable).
-
-    ``on(name)`` is what a guarded site asks; asking for a name that is not in
-    ``FAULTS`` is a programming error and raises, so a typo cannot silently disable
-    a site."""
-
-    __slots__ = ("_on",)
-
-    def __init__(self, names: Iterable[str] = ()):
-        names = tuple(names)
-        check_names(names)
-        self._on = frozenset(names)
-
-    def on(self, name: str) -> bool:
-        if name not in FAULTS:
-            raise KeyError(f"guarded site asks for unknown fault {name!r}")
-        return name in self._on
-
-    def __bool__(self) -> bool:
-        return bool(self._on)
-
-    def __repr__(self) -> str:
-        return f"FaultSet({', '.join(sorted(self._on))})"
+__all__ = ["Fault", "GuardedSite", "Guards", "FunctionPatch", "PatchMismatch", "SourcePatch"]

@@ -48,9 +48,10 @@ except ImportError:     # another Hypothesis layout: nothing to turn off
     _Runner = None
 
 from .. import seeds, targets
-from ..run import Finding, References, execute
+from ..protocol.finding import Finding
+from ..protocol.finding import is_known
+from ..run import References, execute
 from ..run.driver import release
-from ..run.finding import is_known
 from .db import open_database
 
 

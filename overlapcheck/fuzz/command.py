@@ -75,6 +75,7 @@ def register(sub) -> None:
 def _options(args):
     from .. import targets
     from ..errors import UsageError
+    from ..protocol.target import TargetUnavailable
     from ..device import check_available, device_info
     from ..engine.drafts import DRAFT_KINDS
     try:
@@ -134,7 +135,7 @@ def _options(args):
     _check_faults(faults, args.target)
     try:
         target.version()          # a missing or other-version engine: one line, exit 2
-    except targets.TargetUnavailable as e:
+    except TargetUnavailable as e:
         raise UsageError(str(e)) from None
     if args.model is not None:
         try:   # builds the model once: a bad name or model directory is one line, exit 2
@@ -293,7 +294,7 @@ def _run(args, watch: _StartUpWatch) -> int:
     jobs = _jobs(args)
     watch.checked()
     from .campaign import stderr_progress
-    from .jobs import run_jobs
+    from .workers import run_jobs
     from .stopping import Stop
     opts.progress = None if args.json else stderr_progress
     opts.on_begin = watch.disarm

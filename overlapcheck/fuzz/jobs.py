@@ -1,4 +1,5 @@
-"""Run a campaign in one process or in several (``--jobs N``).
+"""A campaign as several jobs (``--jobs N``): their options and their merged summary
+(``workers.run_jobs`` runs them).
 
 Each job is an independent campaign with its own sub-seed (``derive(seed, "job",
 j)``), run by a worker process (``workers.py``) that reports to the parent as it goes.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import multiprocessing as mp
-import time
 from typing import TYPE_CHECKING
 
 from .. import seeds
@@ -45,7 +45,7 @@ def _context():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
-                                "overlapcheck.targets.reference", "overlapcheck.engine.tp",
+                                "overlapcheck.engine.target", "overlapcheck.engine.tp",
                                 "overlapcheck.engine.kernels_host", "fake_models",
                                 "fake_models.oracle_host", "invariants.base",
                                 "overlapcheck.fuzz.workers"])
@@ -61,26 +61,6 @@ def start_server() -> None:
     if _context().get_start_method() == "forkserver":
         from multiprocessing import forkserver
         forkserver.ensure_running()
-
-
-def run_jobs(opts: "Options", jobs: int) -> dict:
-    """Run the campaign ``opts`` as ``jobs`` processes (one: in this process; several:
-    ``workers.Workers``); the merged summary."""
-    from .campaign import Campaign
-    from .workers import Workers
-    t0 = time.monotonic()
-    if jobs == 1:
-        if (opts.seconds is not None and opts.started is not None
-                and t0 >= opts.started + opts.seconds + (opts.shrink_seconds or 0.0)):
-            return Workers(opts, 1).run(t0)     # start-up took the box: nothing to run
-        campaign = Campaign(opts)
-        tune_process(opts.device)
-        if opts.on_begin is not None:
-            opts.on_begin()     # the campaign keeps the box from here
-        s = campaign.run().summary()
-        s["jobs"] = 1
-        return s
-    return Workers(opts, jobs).run(t0)
 
 
 def job_options(opts: "Options", jobs: int) -> list:

@@ -24,7 +24,8 @@ from invariants import make_checkers, names_for
 
 from ..device import make_runtime
 from ..device.sched import Stalls
-from ..engine import AbortAt, EngineConfig, RequestSpec, Workload, make_engine
+from ..engine import EngineConfig, make_engine
+from ..protocol import AbortAt, RequestSpec, Workload
 from ..run import Case, Monitor, ScheduleSpec, reference_run
 from .strategies import STREAMS, VOCAB
 

@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .. import targets
+from ..protocol.target import TargetUnavailable
 from ..run import execute
 from .campaign import Options, case_strategy, write_repro
 
@@ -122,7 +123,7 @@ def families() -> Sequence[Tuple[str, Optional[str]]]:
 def _unavailable(target: str) -> Optional[str]:
     try:
         targets.get(target).version()
-    except targets.TargetUnavailable as e:
+    except TargetUnavailable as e:
         return str(e)
     return None
 

@@ -29,11 +29,12 @@ except ImportError:     # another Hypothesis layout: draw from the lazy strategi
     def _unwrap(s):
         return s
 
-from ..engine import AbortAt, EngineConfig, RequestSpec, Workload
 from ..device.sched import SEEDED as SEEDED_STRATEGIES
+from ..engine import EngineConfig
 from ..engine.config import MODELS, RESERVE_RULES, TREE_KINDS
 from ..engine.drafts import DRAFT_KINDS
-from ..engine.types import GREEDY, SEEDED
+from ..protocol import AbortAt, RequestSpec, Workload
+from ..protocol.types import GREEDY, SEEDED
 from ..run import Case, ScheduleSpec
 
 STREAMS = ("schedule", "forward", "copy", "backup")   # backup: with kv_backup only

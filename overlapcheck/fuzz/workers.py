@@ -9,6 +9,8 @@ that sends its parent what it finds as it finds it; the parent keeps the time bo
 * a worker still running ``GRACE_S`` after that is killed: its findings are on disk and
   in the parent's hands already. The fork server is ended with the workers.
 
+``run_jobs`` runs a campaign in this process (one job) or as these workers.
+
 See docs/design.md §6.5.
 """
 from __future__ import annotations
@@ -250,3 +252,20 @@ def _figures_zero() -> dict:
             "hypothesis_runs": 0}
 
 
+def run_jobs(opts: "Options", jobs: int) -> dict:
+    """Run the campaign ``opts`` as ``jobs`` processes (one: in this process; several:
+    ``workers.Workers``); the merged summary."""
+    from .campaign import Campaign
+    t0 = time.monotonic()
+    if jobs == 1:
+        if (opts.seconds is not None and opts.started is not None
+                and t0 >= opts.started + opts.seconds + (opts.shrink_seconds or 0.0)):
+            return Workers(opts, 1).run(t0)     # start-up took the box: nothing to run
+        campaign = Campaign(opts)
+        tune_process(opts.device)
+        if opts.on_begin is not None:
+            opts.on_begin()     # the campaign keeps the box from here
+        s = campaign.run().summary()
+        s["jobs"] = 1
+        return s
+    return Workers(opts, jobs).run(t0)

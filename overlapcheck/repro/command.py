@@ -51,7 +51,7 @@ def _load(path):
         raise UsageError(f"{path}: {e}" if isinstance(e, CaseError) else str(e)) from None
     if r.case.target == "reference":
         from fake_models import vocab_of
-        from ..engine.workload import WorkloadError, check_vocab
+        from ..protocol.workload import WorkloadError, check_vocab
         try:
             check_vocab(r.case.workload, vocab_of(r.case.config.model), r.case.config.model)
         except WorkloadError as e:

@@ -20,8 +20,8 @@ import yaml
 
 from .. import __version__
 from ..device import DEVICES
+from ..protocol.finding import ENGINE_EXCEPTION, Finding
 from ..run.case import SCHEMA, Case, CaseError
-from ..run.finding import ENGINE_EXCEPTION, Finding
 
 SCHEMAS = (1, SCHEMA)    # the schemas this overlapcheck reads
 FINDING_KINDS = (ENGINE_EXCEPTION,)   # findings no registered checker makes

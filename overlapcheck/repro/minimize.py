@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterator, List, Optional, Tuple
 
-from ..engine import RequestSpec, Workload
+from ..protocol import RequestSpec, Workload
+from ..protocol.finding import same_bug
 from ..run import Case
 from ..run import Outcome, execute
-from ..run.finding import same_bug
 from .format import Repro, current_commit
 
 

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from ..protocol.finding import same_bug
 from ..run import Outcome, execute
-from ..run.finding import same_bug
 from .format import Repro
 
 REPRODUCED, FIXED, DIVERGED = "reproduced", "fixed", "diverged"

@@ -2,7 +2,7 @@
 and the benches.
 
 * ``Case``/``ScheduleSpec``: a run as data (target, config, workload, schedule,
-  checkers, faults); ``Finding``: a violation named by (checker, site);
+  checkers, faults); its findings are ``protocol.Finding``s;
 * ``execute(case, choices=None, **options) -> Outcome``: run it with the checkers on
   (``choices``: replay recorded decisions exactly); ``run_checked`` builds the case of
   a reference-engine config and workload; ``reference_run``: parity's reference
@@ -11,9 +11,8 @@ and the benches.
 * ``Monitor``: the observer that feeds checkers (``Halt`` when a fatal one reports).
 """
 from .case import SCHEMA, Case, CaseError, ScheduleSpec
-from .finding import ENGINE_EXCEPTION, Finding
 
-__all__ = ["Case", "CaseError", "ScheduleSpec", "SCHEMA", "Finding", "ENGINE_EXCEPTION",
+__all__ = ["Case", "CaseError", "ScheduleSpec", "SCHEMA",
            "Outcome", "execute", "run_checked", "reference_run", "run_workload", "digest_of",
            "Monitor", "Halt", "References"]
 

@@ -13,8 +13,8 @@ from typing import Tuple
 
 from .. import seeds
 from ..device.sched import STRATEGIES, Stalls, Strategy, make_strategy
-from ..engine import Workload, WorkloadError
-from ..engine import workload as W
+from ..protocol import Workload, WorkloadError
+from ..protocol import workload as W
 
 SCHEDULE_KINDS = STRATEGIES + ("stalls",)
 SCHEMA = 2      # of the case inside a repro (overlapcheck.repro.format.SCHEMA)

@@ -191,12 +191,13 @@ def _defaults():
 def run(args) -> int:
     from .. import targets
     from ..errors import UsageError
+    from ..protocol.target import TargetUnavailable
     try:
         target = targets.get(args.target)
         target.version()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    except targets.TargetUnavailable as e:
+    except TargetUnavailable as e:
         raise UsageError(str(e)) from None
     if args.target == "reference":
         if args.config:
@@ -208,7 +209,7 @@ def run(args) -> int:
 
 def _workload(args, cfg, target):
     from ..errors import UsageError
-    from ..engine.workload import WorkloadError, load
+    from ..protocol.workload import WorkloadError, load
     from ..resources import TooLarge, check_fits
     from .case import REQUEST_BYTES
     if args.requests is not None and args.requests < 1:
@@ -301,7 +302,7 @@ def _run_reference(args) -> int:
         model = make_model(cfg.model)
     except ValueError as e:   # fake_models.hf.ModelError: one line naming the file or tensor
         raise UsageError(str(e)) from None
-    from ..engine.workload import WorkloadError, check_vocab
+    from ..protocol.workload import WorkloadError, check_vocab
     try:
         check_vocab(wl, getattr(model, "vocab", None), cfg.model)
     except WorkloadError as e:
@@ -371,7 +372,7 @@ def _report(args, out, meta) -> int:
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
         if res is not None:
-            _print_text(res)
+            print(res.text())
         else:
             print(f"run {out.status} at step {out.steps}")
         for rep in out.races[:5]:
@@ -383,16 +384,3 @@ def _report(args, out, meta) -> int:
         if found:
             print(f"{len(found)} violation(s)")
     return 1 if (found or out.races or out.problems) else 0
-
-
-def _print_text(res) -> None:
-    for rid, r in sorted(res.requests.items()):
-        print(f"request {rid}: {r.finish_reason}, {len(r.tokens)} tokens "
-              f"[{' '.join(map(str, r.tokens))}], accept lengths "
-              f"[{' '.join(map(str, r.accept_lens))}]"
-              + (f", retracted {r.retractions}x" if r.retractions else ""))
-    s = res.summary
-    print(f"summary: steps {s.steps}, batches {s.batches}, tokens {s.tokens}, verifies "
-          f"{s.verifies}, mean accept length {s.mean_accept_length}, finished {s.finished}, "
-          f"aborts {s.aborts}, retractions {s.retractions}, host syncs {s.host_syncs} "
-          f"(declared {s.declared_syncs}), races {s.races}")

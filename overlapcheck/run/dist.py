@@ -21,7 +21,7 @@ import torch
 
 from ..device import StuckWait
 from ..engine.dist import DistRank, exit_step
-from ..engine.results import RequestResult, RunResult, Summary
+from ..protocol.results import RequestResult, RunResult, Summary
 
 
 def _rank_main(rank: int, job: dict, out: str) -> None:
@@ -54,7 +54,7 @@ def _join(rank: int, job: dict) -> None:
 def _run_rank(rank: int, job: dict, rt, model) -> dict:
     """Run the workload: rank 0 with the checkers (its report carries the result and
     the violations), the others without (their report says how they ended)."""
-    from ..engine import EngineStuck
+    from ..protocol import EngineStuck
     from .case import Case, ScheduleSpec
     from .driver import execute
 
@@ -163,7 +163,6 @@ def run_command(args, cfg, workload, checks) -> int:
     import sys
     from fake_models import make_model
     from ..errors import UsageError
-    from .command import _print_text
     if args.log:
         raise UsageError("--log is not available with --dist")
     try:
@@ -184,7 +183,7 @@ def run_command(args, cfg, workload, checks) -> int:
         print(json.dumps(doc, sort_keys=True, indent=1))
     else:
         if res is not None:
-            _print_text(res)
+            print(res.text())
         else:
             print(f"run {rank0.get('status', 'lost')} at step {rank0.get('step', '?')}")
         for line in rank0.get("races", [])[:5]:

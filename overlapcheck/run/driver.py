@@ -27,13 +27,13 @@ from typing import Callable, List, Optional, Sequence
 from invariants.base import Violation, make_checkers
 
 from .. import targets
-from ..targets.base import Session
 from ..device import Diverged, Replay, StuckWait
 from ..device.sched import Eager
-from ..engine import EngineStuck, RunResult
-from ..engine import events as E
+from ..protocol import EngineStuck, RunResult
+from ..protocol.target import Session, TargetUnavailable
+from ..protocol import events as E
+from ..protocol.finding import ENGINE_EXCEPTION, Finding
 from .case import Case, ScheduleSpec
-from .finding import ENGINE_EXCEPTION, Finding
 from .monitor import Halt, Monitor
 
 COMPLETED, HALTED, STALLED, CRASHED, DIVERGED = (
@@ -61,6 +61,7 @@ class Outcome:
     problems: List[Finding] = field(default_factory=list)   # findings no checker made
     engine: object = None
     rt: object = None
+    session: object = None      # the run's session (``release`` disposes of it)
 
 
 def digest_of(result: Optional[RunResult], retired) -> str:
@@ -133,29 +134,16 @@ def reference_run(case: Case, model=None, device: Optional[str] = None,
             case.workload)
     finally:
         session.close()
-        dispose(getattr(session, "engine", None), getattr(session, "runtime", None))
-
-
-def dispose(*parts) -> None:
-    """Break the reference cycles of a finished run's reference engine and device
-    runtime (streams and events point back at their runtime, the engine's parts at the
-    engine) by emptying these two hubs, so the run's object graph is freed by
-    reference counting as soon as its last reference goes, instead of by the cyclic
-    collector: in a campaign that collector was about 5% of the CPU, nearly all of it
-    spent on the graphs of finished runs (docs/design.md §8). Other objects (another
-    target's engine) are left as they are. Nothing may use a disposed part."""
-    from ..device.api import Runtime
-    from ..engine.loop import Engine
-    for part in parts:
-        if isinstance(part, (Engine, Runtime)):
-            part.__dict__.clear()
+        session.dispose()
 
 
 def release(out: "Outcome") -> None:
-    """Drop ``out``'s engine and runtime, disposed (``dispose``): for a caller that keeps
-    only the outcome's data (a campaign, for examples that found nothing new)."""
-    dispose(out.engine, out.rt)
-    out.engine = out.rt = None
+    """Drop ``out``'s engine and runtime, disposed (``Session.dispose``): for a caller
+    that keeps only the outcome's data (a campaign, for examples that found nothing
+    new)."""
+    if out.session is not None:
+        out.session.dispose()
+    out.engine = out.rt = out.session = None
 
 
 class References:
@@ -257,7 +245,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
                 session.close()
     except Diverged as e:
         status, diverged = DIVERGED, str(e)
-    except targets.TargetUnavailable:
+    except TargetUnavailable:
         raise      # the process cannot run this engine (a missing or compiled build): no finding
     except Halt:
         status = HALTED    # a fatal checker (liveness) reported: a finding already
@@ -277,7 +265,7 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     return Outcome(monitor.findings() if diverged is None else [], violations, status, result,
                    session.iteration, session.choices, digest_of(result, retired), diverged,
                    retired, marks, session.races, monitor.problems, session.engine,
-                   session.runtime)
+                   session.runtime, session)
 
 
 class _Unopened(Session):

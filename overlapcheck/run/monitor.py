@@ -12,9 +12,9 @@ from functools import partial
 from typing import Dict, List, Sequence
 
 from invariants.base import Checker, Violation
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 
-from .finding import Finding
+from ..protocol.finding import Finding
 
 
 class Halt(Exception):

@@ -10,16 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
-from .base import Chooser, Session, Target, TargetUnavailable
+from ..protocol.target import Target
 
 # name -> "module:Class"
 TARGETS: Dict[str, str] = {
-    "reference": "overlapcheck.targets.reference:ReferenceTarget",
+    "reference": "overlapcheck.engine.target:ReferenceTarget",
     "vllm": "overlapcheck.targets.vllm:VllmTarget",
     "sglang": "overlapcheck.targets.sglang:SglangTarget",
 }
 
-__all__ = ["TARGETS", "Chooser", "Session", "Target", "TargetUnavailable", "get"]
+__all__ = ["TARGETS", "get"]
 
 
 def get(name: str) -> Target:

@@ -56,7 +56,7 @@ def require_interpreted(kernel, engine: str, target: str) -> None:
     helpers refuse to run in the interpreter; say so in one line instead."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from .base import TargetUnavailable
+    from ..protocol.target import TargetUnavailable
     if not isinstance(kernel, InterpretedFunction):
         raise TargetUnavailable(f"{engine} was imported before the {target} target set "
                            f"TRITON_INTERPRET=1; its Triton kernels are compiled ones, which "

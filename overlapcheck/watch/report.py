@@ -146,12 +146,12 @@ class WatchReport:
         """This race as a finding of checker ``watch`` with site (kind, the two lines):
         the id, deduplication and JSON form every other finding has, so a CI job can
         track watch races beside fuzz findings (docs/design.md §9.2)."""
-        from ..run.finding import Finding
+        from ..protocol.finding import Finding
         return Finding(CHECKER, self.key, 0, str(self), self.to_json())
 
     @property
     def ident(self) -> str:
-        from ..run.finding import Finding
+        from ..protocol.finding import Finding
         return Finding(CHECKER, self.key, 0, "").ident
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ def sglang():
     kernels must be defined as interpreted functions for the real workers' twins)."""
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("SGLang is not installed (bash overlapcheck/targets/sglang/install-cpu.sh)")
-    from overlapcheck.targets.base import TargetUnavailable
+    from overlapcheck.protocol.target import TargetUnavailable
     from overlapcheck.targets.sglang import SglangTarget
     try:
         SglangTarget().version()

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from overlapcheck.engine.types import GREEDY, RequestSpec
-from overlapcheck.engine.workload import Workload
+from overlapcheck.protocol.types import GREEDY, RequestSpec
+from overlapcheck.protocol.workload import Workload
 from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 from overlapcheck.targets.sglang.config import from_dict
@@ -121,8 +121,8 @@ REAL_FAULTS = [
 @pytest.mark.parametrize("fault,checker,quiet", REAL_FAULTS)
 def test_real_worker_faults_are_caught_by_their_checker(sglang, fault, checker, quiet):
     from overlapcheck.targets.sglang.faults import FAULTS
-    assert FAULTS[fault].checker == checker and "eagle-v2" in FAULTS[fault].worker
-    assert "fake" not in FAULTS[fault].worker
+    assert FAULTS[fault].checker == checker and "eagle-v2" in FAULTS[fault].extra["worker"]
+    assert "fake" not in FAULTS[fault].extra["worker"]
     out = _run(_cfg(), faults=(fault,))
     assert checker in {f.checker for f in out.findings}, out.findings
     races = [f for f in out.findings if f.checker == "stream-race"]
@@ -134,7 +134,7 @@ def test_real_worker_faults_are_caught_by_their_checker(sglang, fault, checker, 
 
 def test_every_real_worker_fault_is_tested():
     from overlapcheck.targets.sglang.faults import FAULTS
-    assert sorted(n for n, f in FAULTS.items() if "fake" not in f.worker) == \
+    assert sorted(n for n, f in FAULTS.items() if "fake" not in f.extra["worker"]) == \
         sorted(f for f, _, _ in REAL_FAULTS)
 
 

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import GREEDY, RequestSpec
-from overlapcheck.engine.workload import AbortAt, Workload, WorkloadError
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.target import TargetUnavailable
+from overlapcheck.protocol.types import GREEDY, RequestSpec
+from overlapcheck.protocol.workload import AbortAt, Workload, WorkloadError
 from overlapcheck.run import Case, CaseError, ScheduleSpec, execute
-from overlapcheck.targets.base import TargetUnavailable
 from overlapcheck.targets.sglang import SglangConfig, SglangTarget
 from overlapcheck.targets.sglang.config import from_dict
 
@@ -295,7 +295,7 @@ def test_fault_caught_by_its_checker_silent_without_trigger(sglang, fault, check
     # would hide the fault
     assert not {f.key for f in out.findings} & _known_keys(), out.findings
     # the patch is gone once the session is closed
-    assert source_patch.resolve(F.FAULTS[fault].target)[3] is orig
+    assert source_patch.resolve(F.FAULTS[fault].sites[0])[3] is orig
     quiet, _ = _run(replace(cfg, **untrigger), wl, faults=(fault,))
     assert quiet.findings == [], quiet.findings
 
@@ -313,7 +313,7 @@ def test_every_fault_has_a_case():
     from overlapcheck.targets.sglang.faults import FAULTS
     # the faults of the scheduler code both workers run (the real worker's own are
     # tested in test_sglang_real_worker.py)
-    assert sorted(n for n, f in FAULTS.items() if "fake" in f.worker) == \
+    assert sorted(n for n, f in FAULTS.items() if "fake" in f.extra["worker"]) == \
         sorted(c[0] for c in FAULT_CASES)
 
 
@@ -322,12 +322,12 @@ def test_close_is_idempotent_and_restores_the_config_faults(sglang):
     from overlapcheck.targets.sglang import faults as F
     from overlapcheck.targets.sglang import source_patch
     t, fault = SglangTarget(), F.FAULTS["overalloc-leak"]
-    orig = source_patch.resolve(fault.target)[3]
+    orig = source_patch.resolve(fault.sites[0])[3]
     cfg = SglangConfig(spec_steps=1, faults=("overalloc-leak",), **CTX)
     session = t.open(cfg, Eager(), None)
     with contextlib.suppress(Exception):      # SGLang's own idle check may see the leak
         session.run(t.generate(1, 4, cfg))
-    assert source_patch.resolve(fault.target)[3] is orig
+    assert source_patch.resolve(fault.sites[0])[3] is orig
     session.close()
     session.close()
     assert session.engine.cur_batch_for_debug is None
@@ -364,7 +364,7 @@ def test_real_forward_is_golden_and_overlap_equals_normal(sglang):
     assert all(len(r.tokens) == 6 for r in out.result.requests.values())
     assert log.count(E.Finished) == 3
     # the checker does judge these tokens: one token changed is a golden violation
-    from invariants.sglang_golden import SglangGolden
+    from overlapcheck.targets.sglang.checkers import SglangGolden
     checker = SglangGolden(golden=LlamaGolden(cfg))
     arrived = [e for e in log.events if isinstance(e, E.Arrived)]
     first = next(e for e in log.events if isinstance(e, E.Prefilled) and e.rid == 0)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def sg():
     from overlapcheck.targets.sglang import SglangTarget, env
-    from overlapcheck.targets.base import TargetUnavailable
+    from overlapcheck.protocol.target import TargetUnavailable
     try:
         SglangTarget().version()
     except TargetUnavailable as e:

@@ -1,10 +1,10 @@
 """The vLLM target's checkers on planted event streams (no vLLM needed): each reports
 its violation, and the same stream without the defect gives none."""
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import RequestSpec
+from invariants.base import make_checkers
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import RequestSpec
 from overlapcheck.targets.vllm.events import (FrameEntry, ReqCounters, VllmCounters,
                                               VllmFrame, VllmFrameDone, VllmSessionInfo)
-from invariants.base import make_checkers
 from overlapcheck.targets.vllm.golden import Golden
 
 INFO = VllmSessionInfo(0, -1, "async", 2, 2, 4, True, (), 64, 70)

@@ -10,8 +10,8 @@ about 2 s)."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from overlapcheck.engine.types import GREEDY, SEEDED, RequestSpec
-from overlapcheck.engine.workload import Workload
+from overlapcheck.protocol.types import GREEDY, SEEDED, RequestSpec
+from overlapcheck.protocol.workload import Workload
 from overlapcheck.targets.vllm import FAULTS, VllmTarget, VllmTargetConfig
 from overlapcheck.targets.vllm.strategies import cases
 

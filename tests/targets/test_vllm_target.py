@@ -142,7 +142,8 @@ FAULT_CASES = {
 
 
 # the runner faults run on the real runner (tests/targets/test_vllm_real_runner.py)
-@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if f.layer == "scheduler"))
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items()
+                                         if f.extra["layer"] == "scheduler"))
 def test_fault_caught_by_its_checker(name):
     fault, cfg = FAULTS[name], FAULT_CASES[name]
     caught = []
@@ -213,7 +214,7 @@ KNOWN_PAD_BUG = VllmTargetConfig(
 
 
 def test_known_vllm_bug_spec_padding_cut_by_the_chunk_cap():
-    from overlapcheck.engine import RequestSpec, Workload
+    from overlapcheck.protocol import RequestSpec, Workload
     w = Workload((RequestSpec(0, 0, (0,), 2, (), 0, "greedy"),
                   RequestSpec(1, 1, (0,), 1, (), 0, "greedy")))
     for scheduler, q in (("sync", 1), ("async", 2)):

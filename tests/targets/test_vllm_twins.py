@@ -13,7 +13,7 @@ import torch
 
 @pytest.fixture(scope="module")
 def vl():
-    from overlapcheck.targets.base import TargetUnavailable
+    from overlapcheck.protocol.target import TargetUnavailable
     from overlapcheck.targets.vllm import env
     env.prepare_environment()       # TRITON_INTERPRET before vLLM's and Triton's import
     pytest.importorskip("vllm")

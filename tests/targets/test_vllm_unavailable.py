@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from overlapcheck.engine import RequestSpec, Workload, WorkloadError
+from overlapcheck.protocol import RequestSpec, Workload, WorkloadError
+from overlapcheck.protocol.target import TargetUnavailable
 from overlapcheck.run import Case, CaseError
-from overlapcheck.targets.base import TargetUnavailable
 from overlapcheck.targets.vllm import VllmTarget, VllmTargetConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)

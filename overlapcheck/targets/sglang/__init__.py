@@ -8,8 +8,9 @@ decode included), or with the tiny random Llama (``model: real``). Module map:
 * ``build``: constructing (and keeping) schedulers; ``worker``: the fake workers;
   ``kernels``: CPU equivalents of the scheduler-side Triton kernels of spec decode;
 * ``session``: the loop bodies, choice points and events; ``observe``: SGLang state ->
-  events and snapshots; ``golden``: the fake model's own continuation;
-  ``faults``: historical bugs as opt-in patches; ``strategies``: the fuzzer's cases.
+  events and snapshots; ``golden``: the fake model's own continuation, and
+  ``checkers`` the sglang-golden checker that holds the run to it; ``faults``:
+  historical bugs as opt-in source patches; ``strategies``: the fuzzer's cases.
 
 Nothing here imports SGLang at module import time.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Sequence
 
-from ..base import Target, TargetUnavailable
+from ...protocol.target import Target, TargetUnavailable
 from . import env
 from .config import SglangConfig, from_dict, to_dict
 
@@ -34,6 +35,7 @@ class SglangTarget(Target):
     case_strategy = "overlapcheck.targets.sglang.strategies:cases"
     case_options = ("config",)
     engine_logs = True        # its log lines go where targets.logs says (fuzz: --out)
+    checkers = {"sglang-golden": "overlapcheck.targets.sglang.checkers:SglangGolden"}
 
     def version(self) -> str:
         from importlib import metadata
@@ -82,8 +84,8 @@ class SglangTarget(Target):
                 "parity_accept": "unretracted" if cfg.real_worker else False}
 
     def check_workload(self, workload, cfg: SglangConfig) -> None:
-        from ...engine.types import SEEDED
-        from ...engine.workload import WorkloadError
+        from ...protocol.types import SEEDED
+        from ...protocol.workload import WorkloadError
         from .session import MAX_RID
         for i, r in enumerate(workload.requests):
             w = f"requests[{i}]"
@@ -109,8 +111,8 @@ class SglangTarget(Target):
     def generate(self, seed: int, n: int, cfg: SglangConfig):
         """``n`` seeded requests that fit ``cfg`` (mixed arrivals, stop ids, sampling
         modes, aborts; greedy only in real-forward mode)."""
-        from ...engine.types import GREEDY
-        from ...engine.workload import Workload, generate
+        from ...protocol.types import GREEDY
+        from ...protocol.workload import Workload, generate
         max_prompt = min(24, cfg.max_prompt)
         wl = generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=max_prompt,
                       max_new=min(40, cfg.context - max_prompt))

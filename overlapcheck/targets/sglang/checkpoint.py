@@ -1,7 +1,8 @@
-"""The tiny Llama of the SGLang target: an HF-format directory (``config.json`` and a
-``model.safetensors``) written at first use into a private scratch directory, one per
-shape (vocabulary, context), rather than shipped: it is a few hundred kilobytes of
-seeded numbers.
+"""The checkpoints of the SGLang target: the tiny Llama (``overlapcheck/targets/
+checkpoint.py``, shared with vLLM's real runner) under this target's scratch
+directory, and the spec pairs of the real workers, each an HF-format directory
+(``config.json`` and a ``model.safetensors``) written at first use, one per shape
+(vocabulary, context), rather than shipped: a few hundred kilobytes of seeded numbers.
 
 Every mode builds its scheduler for this shape. The fake worker never reads the
 weights (SGLang fills them with ``load_format=dummy``); real-forward mode loads the
@@ -31,61 +32,15 @@ the target's output head, so it predicts the target's last-token choice.
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Dict
 
-HIDDEN, INTER, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
-SEED = 20261126
+from .. import checkpoint as shared
 
-
-def config(vocab: int, context: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": HIDDEN, "intermediate_size": INTER, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS, "num_hidden_layers": LAYERS, "vocab_size": vocab,
-        "max_position_embeddings": context, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": 0,
-        "eos_token_id": vocab, "tie_word_embeddings": False,   # eos: never sampled
-    }
-
-
-def weights(vocab: int, out_scale: float = 1.0) -> Dict[str, "object"]:
-    """HF-named float32 tensors, each linear weight N(0, 1/fan_in), the embedding
-    N(0, 1), norms 1: the same for every call (a generator of its own, fixed seed).
-    ``out_scale`` scales what each layer adds to the residual stream (its attention
-    output and MLP down projections): the spec pair's target uses 0.5."""
-    import torch
-    g = torch.Generator().manual_seed(SEED)
-    w = {"model.embed_tokens.weight": torch.randn(vocab, HIDDEN, generator=g)}
-    for i in range(LAYERS):
-        w.update(_layer(g, f"model.layers.{i}.", out_scale))
-    w["model.norm.weight"] = torch.ones(HIDDEN)
-    w["lm_head.weight"] = _linear(g, vocab, HIDDEN)
-    return {k: v.contiguous() for k, v in w.items()}
-
-
-def _linear(g, out_f: int, in_f: int, scale: float = 1.0):
-    import torch
-    return torch.randn(out_f, in_f, generator=g) * (scale / in_f ** 0.5)
-
-
-def _layer(g, p: str, out_scale: float, input_norm: bool = True) -> Dict[str, "object"]:
-    import torch
-    head = HIDDEN // HEADS
-    w = {p + "self_attn.q_proj.weight": _linear(g, HEADS * head, HIDDEN),
-         p + "self_attn.k_proj.weight": _linear(g, KV_HEADS * head, HIDDEN),
-         p + "self_attn.v_proj.weight": _linear(g, KV_HEADS * head, HIDDEN),
-         p + "self_attn.o_proj.weight": _linear(g, HIDDEN, HEADS * head, out_scale),
-         p + "mlp.gate_proj.weight": _linear(g, INTER, HIDDEN),
-         p + "mlp.up_proj.weight": _linear(g, INTER, HIDDEN),
-         p + "mlp.down_proj.weight": _linear(g, HIDDEN, INTER, out_scale),
-         p + "post_attention_layernorm.weight": torch.ones(HIDDEN)}
-    if input_norm:
-        w[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-    return w
-
+# the tiny Llama's shapes and recipe, shared with vLLM's real runner
+from ..checkpoint import (HEADS, HIDDEN, INTER, KV_HEADS, LAYERS, SEED, config,  # noqa: F401
+                          layer, linear, weights, write)
 
 #: the spec pair: what the target's layers add, and the EAGLE head's share of the
 #: target's hidden state and of its own layer
@@ -108,11 +63,11 @@ def eagle_weights(vocab: int) -> Dict[str, "object"]:
     import torch
     target = weights(vocab, PAIR_TARGET_SCALE)
     g = torch.Generator().manual_seed(SEED + 1)
-    fc = torch.cat([torch.eye(HIDDEN), _linear(g, HIDDEN, HIDDEN, PAIR_HIDDEN_SHARE)], dim=1)
+    fc = torch.cat([torch.eye(HIDDEN), linear(g, HIDDEN, HIDDEN, PAIR_HIDDEN_SHARE)], dim=1)
     w = {"fc.weight": fc, "fc.bias": torch.zeros(HIDDEN),
          "embed_tokens.weight": target["model.embed_tokens.weight"],
          "lm_head.weight": target["lm_head.weight"]}
-    w.update(_layer(g, "layers.0.", PAIR_DRAFT_LAYER, input_norm=False))
+    w.update(layer(g, "layers.0.", PAIR_DRAFT_LAYER, input_norm=False))
     return {k: v.contiguous() for k, v in w.items()}
 
 
@@ -158,20 +113,20 @@ def assistant_config(vocab: int, context: int) -> dict:
 
 def _gemma_layer(g, p: str, post: float, kv: bool = True) -> Dict[str, "object"]:
     import torch
-    w = {p + "self_attn.q_proj.weight": _linear(g, HEADS * GEMMA_HEAD, HIDDEN),
-         p + "self_attn.o_proj.weight": _linear(g, HIDDEN, HEADS * GEMMA_HEAD),
+    w = {p + "self_attn.q_proj.weight": linear(g, HEADS * GEMMA_HEAD, HIDDEN),
+         p + "self_attn.o_proj.weight": linear(g, HIDDEN, HEADS * GEMMA_HEAD),
          p + "self_attn.q_norm.weight": torch.ones(GEMMA_HEAD),
-         p + "mlp.gate_proj.weight": _linear(g, INTER, HIDDEN),
-         p + "mlp.up_proj.weight": _linear(g, INTER, HIDDEN),
-         p + "mlp.down_proj.weight": _linear(g, HIDDEN, INTER),
+         p + "mlp.gate_proj.weight": linear(g, INTER, HIDDEN),
+         p + "mlp.up_proj.weight": linear(g, INTER, HIDDEN),
+         p + "mlp.down_proj.weight": linear(g, HIDDEN, INTER),
          p + "input_layernorm.weight": torch.ones(HIDDEN),
          p + "pre_feedforward_layernorm.weight": torch.ones(HIDDEN),
          p + "post_attention_layernorm.weight": torch.full((HIDDEN,), post),
          p + "post_feedforward_layernorm.weight": torch.full((HIDDEN,), post),
          p + "layer_scalar": torch.ones(1)}
     if kv:
-        w.update({p + "self_attn.k_proj.weight": _linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
-                  p + "self_attn.v_proj.weight": _linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
+        w.update({p + "self_attn.k_proj.weight": linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
+                  p + "self_attn.v_proj.weight": linear(g, KV_HEADS * GEMMA_HEAD, HIDDEN),
                   p + "self_attn.k_norm.weight": torch.ones(GEMMA_HEAD)})
     return w
 
@@ -185,7 +140,7 @@ def gemma_weights(vocab: int) -> Dict[str, "object"]:
     for i in range(len(GEMMA_LAYERS)):
         w.update(_gemma_layer(g, f"model.layers.{i}.", MTP_TARGET_POST))
     w["model.norm.weight"] = torch.ones(HIDDEN)
-    w["lm_head.weight"] = _linear(g, vocab, HIDDEN)
+    w["lm_head.weight"] = linear(g, vocab, HIDDEN)
     return {k: v.contiguous() for k, v in w.items()}
 
 
@@ -199,7 +154,7 @@ def assistant_weights(vocab: int) -> Dict[str, "object"]:
     target = gemma_weights(vocab)
     g = torch.Generator().manual_seed(SEED + 3)
     w = {"pre_projection.weight": torch.cat(
-            [torch.eye(HIDDEN), _linear(g, HIDDEN, HIDDEN, MTP_HIDDEN_SHARE)], dim=1),
+            [torch.eye(HIDDEN), linear(g, HIDDEN, HIDDEN, MTP_HIDDEN_SHARE)], dim=1),
          "post_projection.weight": torch.eye(HIDDEN),
          "model.embed_tokens.weight": target["lm_head.weight"],
          "model.norm.weight": torch.ones(HIDDEN)}
@@ -211,44 +166,26 @@ def assistant_weights(vocab: int) -> Dict[str, "object"]:
 def mtp_pair_dirs(vocab: int, context: int, root: str = "") -> "tuple[str, str]":
     """(Gemma4 target, Gemma4 assistant) directories of the frozen-KV MTP pair."""
     base = os.path.join(root or scratch_root(), f"gemma4-mtp-v{vocab}-c{context}-s{SEED}")
-    target = _write(base + "-target", lambda: gemma_config(vocab, context),
-                    lambda: gemma_weights(vocab))
-    draft = _write(base + "-assistant", lambda: assistant_config(vocab, context),
-                   lambda: assistant_weights(vocab))
+    target = write(base + "-target", lambda: gemma_config(vocab, context),
+                   lambda: gemma_weights(vocab))
+    draft = write(base + "-assistant", lambda: assistant_config(vocab, context),
+                  lambda: assistant_weights(vocab))
     return target, draft
 
 
 def model_dir(vocab: int, context: int, root: str = "") -> str:
-    """The checkpoint directory for this shape (written once, atomically per file)."""
-    return _write(os.path.join(root or scratch_root(), f"tiny-llama-v{vocab}-c{context}-s{SEED}"),
-                  lambda: config(vocab, context), lambda: weights(vocab))
+    """The tiny Llama's directory for this shape (written once, atomically per file)."""
+    return shared.model_dir(vocab, context, root or scratch_root())
 
 
 def pair_dirs(vocab: int, context: int, root: str = "") -> "tuple[str, str]":
     """(target, EAGLE draft) directories of the spec pair for this shape."""
     base = os.path.join(root or scratch_root(), f"pair-v{vocab}-c{context}-s{SEED}")
-    target = _write(base + "-target", lambda: config(vocab, context),
-                    lambda: weights(vocab, PAIR_TARGET_SCALE))
-    draft = _write(base + "-eagle", lambda: eagle_config(vocab, context),
-                   lambda: eagle_weights(vocab))
+    target = write(base + "-target", lambda: config(vocab, context),
+                   lambda: weights(vocab, PAIR_TARGET_SCALE))
+    draft = write(base + "-eagle", lambda: eagle_config(vocab, context),
+                  lambda: eagle_weights(vocab))
     return target, draft
-
-
-def _write(path: str, make_config, make_weights) -> str:
-    os.makedirs(path, exist_ok=True)
-    cfg = os.path.join(path, "config.json")
-    if not os.path.exists(cfg):
-        tmp = f"{cfg}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(make_config(), f, indent=1, sort_keys=True)
-        os.replace(tmp, cfg)
-    st = os.path.join(path, "model.safetensors")
-    if not os.path.exists(st):
-        from safetensors.torch import save_file
-        tmp = f"{st}.{os.getpid()}.tmp"
-        save_file(make_weights(), tmp, metadata={"format": "pt"})
-        os.replace(tmp, st)
-    return path
 
 
 def scratch_root() -> str:

@@ -9,13 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Tuple
 
+from .worker_kinds import REAL_WORKERS, WORKERS  # noqa: F401  (the spec worker)
+
 MODELS = ("fake", "real")
-#: the spec worker: ``fake`` (the deterministic fake, ``worker.py``), or one of SGLang's
-#: own spec-v2 worker classes, run unmodified on a tiny pair (``real_worker.py``):
-#: ``eagle-v2`` (EAGLEWorkerV2, Llama target and EAGLE head), ``frozen-kv-mtp-v2``
-#: (FrozenKVMTPWorkerV2, Gemma4 target and Gemma4 assistant; ``checkpoint``)
-WORKERS = ("fake", "eagle-v2", "frozen-kv-mtp-v2")
-REAL_WORKERS = WORKERS[1:]
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,48 @@
 """Target faults: public, fixed SGLang bugs re-created against 0.5.23 as opt-in patches.
 
-Each fault restores the pre-fix behaviour of one SGLang function, the way SGLang's own
+Each fault (``overlapcheck.faults.Fault``, its mechanism a ``SourcePatch``) restores the
+pre-fix behaviour of one SGLang function, the way SGLang's own
 ``SGLANG_DEBUG_REVERT_PR`` switch reverts a fix: the function's source is edited
 (each edit must match exactly once, or the fault refuses to apply), compiled in its
 module's namespace and installed in place of the original — in every SGLang module
 that imported it by name — only inside a session whose config lists the fault
-(``applied``), and restored when the session ends. Nothing in overlapcheck's fuzzer
+(``applied``, through ``source_patch``), and restored when the session ends. Two faults
+editing one function are one patch with both edits. Nothing in overlapcheck's fuzzer
 knows fault names; a fault counts as found only through the checker it names.
+
+Each fault's own fields (listed by ``overlapcheck faults``): ``seed``, the seed pull
+request (docs/design.md §7) whose class it re-creates, if any; ``worker``, the config
+``worker``s whose runs take the patched code (every worker for the scheduler code they
+all run; SGLang's real spec workers for their overlap path).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from ...faults import Fault, FunctionPatch, SourcePatch
+from ...faults.patch import merged
 from . import source_patch
-from .config import REAL_WORKERS, WORKERS
+from .worker_kinds import REAL_WORKERS, WORKERS
 
 
 @dataclass(frozen=True)
-class Fault:
-    name: str
-    pr: str                  # the public fix (and the issue it closed)
-    checker: str             # the checker expected to catch it
-    target: str              # "module:Qualified.name" of the patched function
-    edits: Tuple[Tuple[str, str], ...]   # (exact text, replacement)
-    trigger: str             # what a run needs for the fault to show
-    description: str
-    #: the seed pull request (docs/design.md §7) whose class the fault re-creates
-    seed: Optional[str] = None
-    #: the config ``worker``s whose runs take the patched code: every worker for the
-    #: scheduler code they all run; SGLang's real spec workers for their overlap path
-    worker: Tuple[str, ...] = WORKERS
-    #: names the edited source needs beyond its module's: (name, "module:attribute")
+class SglangPatch(SourcePatch):
+    """A ``SourcePatch`` whose edits are exact text (``source_patch``) and whose edited
+    source may need names beyond its module's: ``helpers``, (name, "module:attribute")."""
+
     helpers: Tuple[Tuple[str, str], ...] = ()
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "pr": self.pr, "checker": self.checker,
-                "description": self.description, "trigger": self.trigger,
-                "sites": [self.target], "seed": self.seed, "worker": list(self.worker)}
+
+def _fault(name: str, pr: str, checker: str, target: str, edits: Tuple[Tuple[str, str], ...],
+           trigger: str, description: str, seed: Optional[str] = None,
+           worker: Tuple[str, ...] = WORKERS,
+           helpers: Tuple[Tuple[str, str], ...] = ()) -> Fault:
+    """A fault restoring the pre-fix source of ``target`` ("module:Qualified.name"):
+    ``edits`` are (exact fixed text, pre-fix text) pairs; ``pr`` the public fix."""
+    return Fault(name, description, pr, checker, trigger,
+                 SglangPatch((FunctionPatch(target, tuple(edits)),), tuple(helpers)),
+                 (("seed", seed), ("worker", tuple(worker))))
 
 
 FAULTS: Dict[str, Fault] = {}
@@ -47,7 +52,7 @@ def _register(f: Fault) -> None:
     FAULTS[f.name] = f
 
 
-_register(Fault(
+_register(_fault(
     name="overalloc-leak",
     pr="sgl-project/sglang#19518 (same class: #12224, #13826)",
     checker="kv-accounting",
@@ -65,7 +70,7 @@ _register(Fault(
         "release_kv_cache does; this fault removes that free from release_kv_cache itself."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="delayed-token-double-free",
     pr="sgl-project/sglang#12224",
     checker="kv-accounting",
@@ -96,7 +101,7 @@ _register(Fault(
         "release_kv_cache, driven by kv_allocated_len, the only release."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="length-before-stop",
     pr="sgl-project/sglang#33758 (issue #31599)",
     checker="lifecycle",
@@ -120,7 +125,7 @@ _register(Fault(
 ))
 
 
-_register(Fault(
+_register(_fault(
     name="spec-relay-prefix-filter",
     pr="sgl-project/sglang#14368 (fix proposed in #14536; same class: #18647)",
     checker="sglang-golden",
@@ -144,7 +149,7 @@ _register(Fault(
 _REAL = ("overlap loop, one of SGLang's real spec workers (worker: eagle-v2 or "
          "frozen-kv-mtp-v2: its CUDA path runs under watch)")
 
-_register(Fault(
+_register(_fault(
     name="verify-result-no-wait",
     seed="001: sgl-project/sglang#23452 (remove wait_for_verify sync)",
     pr="sgl-project/sglang#23452 (open; the guard it removes is copy_done, #29075)",
@@ -165,7 +170,7 @@ _register(Fault(
         "between the verify and the host is copy_done, and this drops it."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="futuremap-relay-unordered",
     seed="002: sgl-project/sglang#9588 (overlap scheduling for speculative decoding)",
     pr="sgl-project/sglang#9588 (the FutureMap relay; a later ordering fix in it: #35748)",
@@ -192,7 +197,7 @@ _register(Fault(
         "between publish and stash in the same map."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="release-single-reserve",
     seed="004: frozen-KV MTP spec-v2 worker, a 24-token KV leak per finished request",
     pr="(seed 004 is a draft; same class fixed in sgl-project/sglang#12224, #19518)",
@@ -219,7 +224,7 @@ _register(Fault(
         "l.400-470): this re-creates the release that misses part of the range."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="war-barrier-off",
     pr="sgl-project/sglang#26380 (WAR barrier for overlap schedule buffer writes; #18746)",
     checker="stream-race",
@@ -236,7 +241,7 @@ _register(Fault(
         "request-pool row rewritten during the previous forward."),
 ))
 
-_register(Fault(
+_register(_fault(
     name="d2h-copy-unordered",
     pr="sgl-project/sglang#29075 (overlap the result D2H copy with the next forward)",
     checker="stream-race",
@@ -253,16 +258,27 @@ _register(Fault(
 
 
 # -- applying -------------------------------------------------------------------------------
+def _edited(patches, helpers, label: str) -> list:
+    extra = source_patch.shared.helpers(helpers) or None
+    return [source_patch.edited(p.target, p.edits, label, extra) for p in patches]
+
+
 def patched_function(fault: Fault):
-    """The pre-fix function: the original's source (as indented in its file) with the
-    fault's edits, compiled in the original's module namespace."""
-    extra = {}
-    for name, where in fault.helpers:
-        mod, attr = where.split(":")
-        extra[name] = getattr(__import__(mod, fromlist=["_"]), attr)
-    return source_patch.edited(fault.target, fault.edits, f"fault {fault.name}", extra or None)
+    """``(owner, attribute, original, pre-fix function)``: the original's source (as
+    indented in its file) with the fault's edits, compiled in the original's module
+    namespace."""
+    (p,) = _edited(fault.mechanism.functions, fault.mechanism.helpers, f"fault {fault.name}")
+    return p
 
 
 def applied(names, session=None):
-    """Apply the named faults for the duration of the block (a context manager)."""
-    return source_patch.installed([patched_function(FAULTS[name]) for name in names])
+    """Apply the named faults for the duration of the block (a context manager); the
+    faults editing one function are one patch with all their edits."""
+    faults = [FAULTS[n] for n in names]
+    patches = []
+    for p in merged(faults):
+        mine = [f for f in faults if p.target in f.sites]
+        helpers = tuple(h for f in mine for h in f.mechanism.helpers)
+        label = "fault " + "+".join(f.name for f in mine)
+        patches += _edited((p,), helpers, label)
+    return source_patch.installed(patches)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from overlapcheck.engine.types import SEEDED
+from overlapcheck.protocol.types import SEEDED
 
 from .worker import Oracle
 

@@ -34,11 +34,11 @@ from array import array
 from collections import deque
 from typing import Dict, List, Optional
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.results import RequestResult, RunResult, summarize
-from overlapcheck.engine.types import GREEDY
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.results import RequestResult, RunResult, summarize
+from overlapcheck.protocol.types import GREEDY
 
-from ..base import Chooser, Session
+from ...protocol.target import Chooser, Session
 from .observe import Observer, visible
 
 
@@ -185,7 +185,7 @@ class SglangSession(Session):
         self._closed = True
 
     def _loop(self, workload, bound: int) -> RunResult:
-        from overlapcheck.engine.loop import EngineStuck
+        from overlapcheck.protocol.target import EngineStuck
         specs = {r.rid: r for r in workload.requests}
         due = sorted([(r.arrival, 0, r.rid) for r in workload.requests]
                      + [(a.step, 1, a.rid) for a in workload.aborts])

@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 
 from hypothesis import strategies as st
 
-from ...engine.types import GREEDY, SEEDED, RequestSpec
-from ...engine.workload import AbortAt, Workload
+from ...protocol.types import GREEDY, SEEDED, RequestSpec
+from ...protocol.workload import AbortAt, Workload
 from ...run import Case, ScheduleSpec
 from .config import REAL_WORKERS, SglangConfig
 

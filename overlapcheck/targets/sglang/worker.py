@@ -2,7 +2,7 @@
 (no spec decode) and ``EAGLEWorkerV2`` (spec v2, topk 1), returning what the real ones
 return — a ``GenerationBatchResult`` of CPU tensors — from what the real ones read.
 
-The model is the oracle's rule (``fake_models/oracle.py``) on plain integers: a KV slot
+The model is the oracle's rule (``fake_models/oracle_rule.py``) on plain integers: a KV slot
 holds the token written there; the token at context length ``n`` is a hash of the
 tokens read from the request's slots ``req_to_token[row, 0:n]`` mixed with the
 request's sampling seed. Reading through SGLang's own request->token table makes the
@@ -32,13 +32,9 @@ from typing import List
 import numpy as np
 import torch
 
-from fake_models.oracle import M, SEEDED_PERCENT, mix
+from fake_models.oracle_rule import M, draft_at, extend, term, token_at
 
 PAD = -1
-
-
-def _term(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return ((tokens % M) * ((positions * 40503 + 17) % M + 1)) % M
 
 
 class Oracle:
@@ -50,31 +46,19 @@ class Oracle:
 
     def raw(self, slots: np.ndarray) -> int:
         toks = self.kv[slots]
-        terms = _term(toks, np.arange(len(slots), dtype=np.int64))
+        terms = term(toks, np.arange(len(slots), dtype=np.int64))
         # each term < 2**31: partial sums of up to 2**32 terms stay below 2**63
         return int(terms.sum() % M)
 
-    @staticmethod
-    def extend(raw: int, token: int, pos: int) -> int:
-        return (raw + (token % M) * ((pos * 40503 + 17) % M + 1)) % M
-
-    def sample(self, h: int, n: int, seed: int, seeded: bool) -> int:
-        greedy = mix(h, 1) % self.vocab
-        if not seeded:
-            return greedy
-        u = mix(h, seed, n)
-        return (u >> 7) % self.vocab if u % 100 < SEEDED_PERCENT else greedy
+    extend = staticmethod(extend)
 
     def target(self, raw: int, n: int, seed: int, seeded: bool) -> int:
         """The token at position ``n`` after a context of length ``n`` with hash ``raw``."""
-        return self.sample(mix(raw, n), n, seed, seeded)
+        return token_at(raw, n, seed, seeded, self.vocab)
 
     def draft(self, raw: int, n: int, seed: int, seeded: bool) -> int:
-        h = mix(raw, n)
-        like = self.sample(h, n, seed, seeded)
-        if mix(h, seed, n, 7) % 100 < self.agreement:
-            return like
-        return (like + 1 + mix(h, 3) % (self.vocab - 1)) % self.vocab
+        """The draft for position ``n`` after that context."""
+        return draft_at(raw, n, seed, seeded, self.vocab, self.agreement)
 
 
 def _req_rng(req):

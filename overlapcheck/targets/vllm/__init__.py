@@ -4,8 +4,9 @@
 Modules: ``config`` (``VllmTargetConfig``), ``env`` (version check, environment,
 building the scheduler), ``golden`` (the fake model's token/draft rule), ``runner``
 (the fake V2 model runner), ``session`` (the engine-core loop, choice points),
-``observe`` (vLLM state -> shared events), ``events`` (target-only events), ``faults``
-and ``patching`` (historical bugs as reverse patches), ``strategies`` (Hypothesis).
+``observe`` (vLLM state -> shared events), ``events`` (target-only events), ``checkers``
+(the checkers that read them), ``faults`` (historical bugs as source patches),
+``strategies`` (Hypothesis).
 
 Importing this package does not import vLLM; ``VllmTarget.version()`` and ``open``
 do, and raise ``TargetUnavailable`` (one line naming the install command) when vLLM
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..base import Target
+from ...protocol.target import Target
 from .config import VllmTargetConfig
 from .env import INSTALL
-from .faults import FAULTS, TargetFault
+from .faults import FAULTS
 
-__all__ = ["VllmTarget", "VllmTargetConfig", "FAULTS", "TargetFault"]
+__all__ = ["VllmTarget", "VllmTargetConfig", "FAULTS"]
 
 
 class VllmTarget(Target):
@@ -31,6 +32,14 @@ class VllmTarget(Target):
     config_type = VllmTargetConfig
     case_strategy = "overlapcheck.targets.vllm.strategies:cases"
     case_options = ("config",)
+    checkers = {     # they read this target's own events (``events.py``)
+        "vllm-placeholders": "overlapcheck.targets.vllm.checkers.placeholders:VllmPlaceholders",
+        "vllm-golden": "overlapcheck.targets.vllm.checkers.golden:VllmGolden",
+        "vllm-block-reuse": "overlapcheck.targets.vllm.checkers.block_reuse:VllmBlockReuse",
+        "vllm-preempt-progress": "overlapcheck.targets.vllm.checkers.preempt_progress:VllmPreemptProgress",
+        "vllm-overschedule": "overlapcheck.targets.vllm.checkers.overschedule:VllmOverschedule",
+        "vllm-sched-after-end": "overlapcheck.targets.vllm.checkers.sched_after_end:VllmSchedAfterEnd",
+    }
 
     def version(self) -> str:
         from .env import check_version
@@ -59,15 +68,15 @@ class VllmTarget(Target):
         return {"parity_accept": False, "vllm_runner": cfg.runner}
 
     def check_workload(self, workload, cfg: VllmTargetConfig) -> None:
-        from ...engine.workload import WorkloadError
+        from ...protocol.workload import WorkloadError
         why = cfg.workload_error(workload)
         if why:
             raise WorkloadError(why)
 
     def generate(self, seed: int, n: int, cfg: VllmTargetConfig):
-        """``n`` seeded requests (``overlapcheck.engine.workload.generate``) whose ids lie
+        """``n`` seeded requests (``protocol.workload.generate``) whose ids lie
         in the config's vocabulary and whose prompt + output fit ``max_context``."""
-        from ...engine.workload import generate
+        from ...protocol.workload import generate
         prompt = max(1, cfg.max_context * 2 // 5)
         return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=prompt,
                         max_new=cfg.max_context - prompt)

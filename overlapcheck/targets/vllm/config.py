@@ -97,7 +97,7 @@ class VllmTargetConfig:
             raise ValueError(f"vllm config: faults must be a tuple of names, got {self.faults!r}")
         from .faults import FAULTS
         for name in self.faults:
-            if name in FAULTS and FAULTS[name].layer == "runner" and self.runner != "real":
+            if name in FAULTS and FAULTS[name].extra["layer"] == "runner" and self.runner != "real":
                 raise ValueError(f"vllm config: fault {name!r} is in vLLM's model runner: "
                                  f"it needs runner: real")
             if name not in FAULTS:

@@ -32,7 +32,7 @@ import os
 import tempfile
 from types import SimpleNamespace
 
-from ..base import TargetUnavailable
+from ...protocol.target import TargetUnavailable
 
 PINNED = "0.33.0"
 INSTALL = ("bash overlapcheck/targets/vllm/install-cpu.sh (from the repository root: vllm==0.33.0 "

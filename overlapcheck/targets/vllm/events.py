@@ -1,6 +1,6 @@
 """Events only the vLLM target emits, beside the shared ones of
-``overlapcheck.engine.events``: what the fake model runner did with each batch and
-the scheduler's per-request counters. The ``invariants/vllm_*.py`` checkers read them;
+``overlapcheck.protocol.events``: what the fake model runner did with each batch and
+the scheduler's per-request counters. The target's ``checkers`` read them;
 the shared checkers ignore them.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from ...engine.events import Event
+from ...protocol.events import Event
 
 
 @dataclass(frozen=True)

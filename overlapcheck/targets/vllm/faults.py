@@ -1,45 +1,43 @@
 """Target faults: public, fixed vLLM scheduler bugs re-created against vLLM 0.33.0 as
-opt-in reverse patches (``patching.Revert``) that restore the pre-fix code.
+opt-in source patches (``overlapcheck.faults.SourcePatch``) that restore the pre-fix
+code.
 
 Each entry names the fix it reverts (PR and issue), the checker expected to catch it,
 what the fix changed, and the trigger without which the revert is silent. A session
-whose config lists a fault binds the reverted methods to its own scheduler instance
-(nothing else in the process sees them) and drops them when the session ends.
-Faults of ``layer`` "runner" are in vLLM's V2 model runner (``runner: real``): their
-edits are applied to the runner's source for the duration of a run
-(``runner_faults``). ``FAULTS`` is a constant.
+whose config lists a fault binds the pre-fix methods to its own scheduler instance
+(nothing else in the process sees them) and drops them when the session ends
+(``patches_for``). Faults of ``layer`` "runner" are in vLLM's V2 model runner
+(``runner: real``): their exact-text edits are applied to the runner's source for the
+duration of a run (``runner_faults``). ``layer`` is each fault's own field (listed by
+``overlapcheck faults``). ``FAULTS`` is a constant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from .patching import Revert
+from ...faults import Fault, FunctionPatch, SourcePatch
+from ...faults.patch import merged
 
-SCHED = "vllm.v1.core.sched.scheduler"
-
-
-@dataclass(frozen=True)
-class TargetFault:
-    name: str
-    pr: str            # the fix reverted (and the issue it fixed)
-    checker: str       # the checker expected to catch it
-    description: str   # what the pre-fix code does, and what the fix changed
-    trigger: str       # what a run needs for the revert to matter
-    reverts: Tuple[Revert, ...]
-    layer: str = "scheduler"   # "scheduler", or "runner": vLLM's model runner (runner: real)
-    #: runner faults: "module:Qualified.name" of the edited function, and its edits
-    target: str = ""
-    edits: Tuple[Tuple[str, str], ...] = ()
-
-    def to_dict(self) -> dict:
-        sites = [f"{r.cls}.{r.method}" for r in self.reverts] or [self.target]
-        return {"name": self.name, "pr": self.pr, "checker": self.checker,
-                "description": self.description, "trigger": self.trigger,
-                "sites": sites, "layer": self.layer}
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 
 
-PREEMPT_KEEPS_INFLIGHT = TargetFault(
+def _revert(name: str, pr: str, checker: str, description: str, trigger: str, method: str,
+            *edits) -> Fault:
+    """A fault reverting fix ``pr`` in ``Scheduler.method``: ``edits`` are (fixed text,
+    pre-fix text) pairs."""
+    return Fault(name, description, pr, checker, trigger,
+                 SourcePatch.of(f"{SCHED}.{method}", *edits), (("layer", "scheduler"),))
+
+
+def _runner(name: str, pr: str, checker: str, description: str, trigger: str, target: str,
+            *edits) -> Fault:
+    """A fault in vLLM's V2 model runner restoring the pre-fix source of ``target``
+    ("module:Qualified.name"): ``edits`` are (exact fixed text, pre-fix text) pairs."""
+    return Fault(name, description, pr, checker, trigger, SourcePatch.of(target, *edits),
+                 (("layer", "runner"),))
+
+
+PREEMPT_KEEPS_INFLIGHT = _revert(
     "preempt-keeps-inflight-output",
     "vLLM #48245 (reworks #47900; issue #41190)",
     "vllm-placeholders",
@@ -54,8 +52,8 @@ PREEMPT_KEEPS_INFLIGHT = TargetFault(
     "parallel 2) and a pool small enough to preempt a request while two of its batches "
     "are in flight; with one in flight the stale output drains before any resume and "
     "the counters balance (as the #47900 thread observed)",
-    (Revert(SCHED, "Scheduler", "_preempt_request", (
-        ("""
+    "_preempt_request",
+    ("""
         request.drop_stale_output = drop_stale_output or (
             request.drop_stale_output and request.num_stale_output_tokens > 0
         )
@@ -63,9 +61,9 @@ PREEMPT_KEEPS_INFLIGHT = TargetFault(
         request.num_output_placeholders = 0
         """, """
         pass  # pre-#48245: placeholders kept, in-flight output not marked stale
-        """),)),))
+        """))
 
-FREE_IGNORES_FENCE = TargetFault(
+FREE_IGNORES_FENCE = _revert(
     "free-ignores-fence",
     "vLLM #45357 (deferred block free under async scheduling + a KV-consumer connector)",
     "vllm-block-reuse",
@@ -76,11 +74,11 @@ FREE_IGNORES_FENCE = TargetFault(
     "step) and returns them once that step's output is processed.",
     "defer_block_free on (a KV-consumer deployment), a batch queue of 2, a request that "
     "ends while one of its batches is in flight and a pool tight enough to reuse blocks",
-    (Revert(SCHED, "Scheduler", "_free_request_blocks", (
-        ("if self._request_blocks_can_be_freed(request):",
-         "if True:  # pre-#45357: blocks return to the pool at once"),)),))
+    "_free_request_blocks",
+    ("if self._request_blocks_can_be_freed(request):",
+     "if True:  # pre-#45357: blocks return to the pool at once"))
 
-PREEMPT_FENCED_VICTIM = TargetFault(
+PREEMPT_FENCED_VICTIM = _revert(
     "preempt-fenced-victim",
     "vLLM #49675 (issue #49674; vllm-ascend #16315)",
     "vllm-preempt-progress",
@@ -92,16 +90,16 @@ PREEMPT_FENCED_VICTIM = TargetFault(
     "deferred.",
     "defer_block_free on, a batch queue of 2, a pool small enough that a running "
     "request's allocation fails while the victim has a batch in flight",
-    (Revert(SCHED, "Scheduler", "schedule", (
-        ("""
+    "schedule",
+    ("""
                     # A deferred free will not help with immediate allocation.
                     if not self._request_blocks_can_be_freed(preempted_req):
                         break
         """, """
                     pass  # pre-#49675: a fenced victim is preempted all the same
-        """),)),))
+        """))
 
-SCHEDULE_PAST_MAX_TOKENS = TargetFault(
+SCHEDULE_PAST_MAX_TOKENS = _revert(
     "schedule-past-max-tokens",
     "vLLM #27922 ([AsyncScheduling] Don't schedule past request max_tokens)",
     "vllm-overschedule",
@@ -111,8 +109,8 @@ SCHEDULE_PAST_MAX_TOKENS = TargetFault(
     "others. The fix skips a running request when num_computed_tokens + 2 - "
     "num_output_placeholders reaches prompt + max_tokens.",
     "async scheduler with a batch queue of 2 and requests that end by max_tokens",
-    (Revert(SCHED, "Scheduler", "schedule", (
-        ("""
+    "schedule",
+    ("""
             if (
                 request.num_output_placeholders > 0
                 # This is (num_computed_tokens + 1) - (num_output_placeholders - 1).
@@ -130,12 +128,12 @@ SCHEDULE_PAST_MAX_TOKENS = TargetFault(
                 continue
         """, """
             pass  # pre-#27922: no max_tokens check for requests with output in flight
-        """),)),))
+        """))
 
 _ASYNC = "vllm.v1.worker.gpu.async_utils"
 _REAL = "runner: real, async scheduler with a batch queue of 2"
 
-ASYNC_OUTPUT_DROPS_REFS = TargetFault(
+ASYNC_OUTPUT_DROPS_REFS = _runner(
     "async-output-drops-refs",
     "vLLM #29623 ([Model Runner V2][BugFix] Keep reference to GPU tensors in "
     "AsyncOutput); same class: vllm-ascend #13394 (record_stream missing on a sampler "
@@ -150,11 +148,11 @@ ASYNC_OUTPUT_DROPS_REFS = TargetFault(
     "record_stream on the copy stream, which vllm-ascend #13394 added for a sampler "
     "tensor).",
     _REAL + ", a step scheduled before the previous one's output is taken",
-    (), layer="runner", target=_ASYNC + ":AsyncOutput.__init__",
-    edits=(("        self.sampler_output = sampler_output\n"
-            "        self.num_sampled_tokens = num_sampled_tokens\n", ""),))
+    _ASYNC + ":AsyncOutput.__init__",
+    ("        self.sampler_output = sampler_output\n"
+     "        self.num_sampled_tokens = num_sampled_tokens\n", ""))
 
-OUTPUT_READ_BEFORE_EVENT = TargetFault(
+OUTPUT_READ_BEFORE_EVENT = _runner(
     "output-read-before-event",
     "vLLM #36942 (AsyncPoolingOutput.get_output reads its pinned output before "
     "copy_event.synchronize(); the same file's AsyncOutput, #31584 moved the copy to its "
@@ -166,13 +164,13 @@ OUTPUT_READ_BEFORE_EVENT = TargetFault(
     "non-blocking device-to-host copy has not filled yet, and the scheduler applies "
     "garbage tokens.",
     _REAL + ", any step whose output is taken",
-    (), layer="runner", target=_ASYNC + ":AsyncOutput.get_output",
-    edits=(("        self.copy_event.synchronize()\n\n", ""),
-           ("        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n",
-            "        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n"
-            "        self.copy_event.synchronize()\n")))
+    _ASYNC + ":AsyncOutput.get_output",
+    ("        self.copy_event.synchronize()\n\n", ""),
+    ("        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n",
+     "        num_sampled_tokens: list[int] = self.num_sampled_tokens_np.tolist()\n"
+     "        self.copy_event.synchronize()\n"))
 
-UVA_STAGING_REUSED = TargetFault(
+UVA_STAGING_REUSED = _runner(
     "uva-staging-reused",
     "vLLM #32799 ([ModelRunner V2] Don't pin reused flashinfer tensors: step N's async "
     "copy from a reused pinned buffer races step N+1's update); the round robin that "
@@ -186,23 +184,18 @@ UVA_STAGING_REUSED = TargetFault(
     "for FlashInfer's reused pinned buffers by not pinning them).",
     _REAL + ", a step whose staged writes are prepared before the previous step's "
     "output is taken",
-    (), layer="runner", target="vllm.v1.worker.gpu.buffer_utils:UvaBufferPool.__init__",
-    edits=(("        self.max_concurrency = max_concurrency\n",
-            "        self.max_concurrency = max_concurrency = 1\n"),))
+    "vllm.v1.worker.gpu.buffer_utils:UvaBufferPool.__init__",
+    ("        self.max_concurrency = max_concurrency\n",
+     "        self.max_concurrency = max_concurrency = 1\n"))
 
-FAULTS: Dict[str, TargetFault] = {f.name: f for f in (
+FAULTS: Dict[str, Fault] = {f.name: f for f in (
     PREEMPT_KEEPS_INFLIGHT, FREE_IGNORES_FENCE, PREEMPT_FENCED_VICTIM,
     SCHEDULE_PAST_MAX_TOKENS, ASYNC_OUTPUT_DROPS_REFS, OUTPUT_READ_BEFORE_EVENT,
     UVA_STAGING_REUSED)}
 
 
-def reverts_for(names) -> Tuple[Revert, ...]:
-    """The reverts of the named faults, merged per method (two faults editing the same
-    method are applied as one revert with both edits)."""
-    merged: Dict[tuple, list] = {}
-    for name in names:
-        if FAULTS[name].layer != "scheduler":
-            continue
-        for rv in FAULTS[name].reverts:
-            merged.setdefault((rv.module, rv.cls, rv.method), []).extend(rv.edits)
-    return tuple(Revert(m, c, f, tuple(e)) for (m, c, f), e in merged.items())
+def patches_for(names) -> Tuple[FunctionPatch, ...]:
+    """The pre-fix scheduler methods of the named faults (runner faults are left to
+    ``runner_faults``), merged per method (two faults editing the same method are one
+    patch with both edits)."""
+    return merged(FAULTS[n] for n in names if FAULTS[n].extra["layer"] == "scheduler")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Set, Tuple
 
-from ...engine import events as E
+from ...protocol import events as E
 
 
 class Tracker:

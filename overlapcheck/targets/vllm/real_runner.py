@@ -2,7 +2,7 @@
 under ``watch``'s shim, on the CUDA path.
 
 ``runner: real`` runs vLLM 0.33.0's ``vllm/v1/worker/gpu/model_runner.py`` unmodified
-on a tiny seeded Llama checkpoint (``sglang.checkpoint``'s weights: logits of order
+on a tiny seeded Llama checkpoint (``targets/checkpoint.py``'s weights: logits of order
 one, so greedy choices do not hinge on the last bit of a batch-dependent sum):
 ``execute_model`` -> ``sample_tokens`` -> ``AsyncOutput`` (its copy stream, its fresh
 event per step, its non-blocking copies into pinned memory) -> ``get_output`` ->
@@ -49,7 +49,7 @@ import torch
 def checkpoint_dir(vocab: int, max_model_len: int) -> str:
     """The tiny Llama's HF-format directory for this shape (written once per machine
     into a private scratch directory)."""
-    from ..sglang import checkpoint
+    from .. import checkpoint
     root = os.path.join(tempfile.gettempdir(), f"overlapcheck-vllm-{os.getuid()}")
     return checkpoint.model_dir(vocab, max_model_len, root)
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Dict, List, Optional
 
-from ...engine import events as E
-from ...engine.results import RequestResult, RunResult, summarize
-from ...engine.types import SEEDED
-from ...engine.workload import Workload
-from ..base import Chooser, Session
-from . import patching
+from ...protocol import events as E
+from ...protocol.results import RequestResult, RunResult, summarize
+from ...protocol.target import Chooser, Session
+from ...protocol.types import SEEDED
+from ...protocol.workload import Workload
 from .events import ReqCounters, VllmCounters, VllmFrame, VllmFrameDone, VllmSessionInfo
-from .faults import reverts_for
+from .faults import patches_for
 from .golden import Golden
 from .observe import Tracker
 from .runner import FakeRunner
@@ -84,7 +83,7 @@ class VllmSession(Session):
         self.ended: Dict[int, str] = {}
         self.late: List[int] = []
         self.progress = 0                          # the last step a token was kept or a request ended
-        self.reverts = reverts_for(cfg.faults)
+        self.patches = patches_for(cfg.faults)
         self._open = True
         if sched is not None:
             self._attach(sched)
@@ -94,8 +93,8 @@ class VllmSession(Session):
         if self.tracker is None:
             self.tracker = Tracker(sched, self._emit, self.cfg.max_num_seqs,
                                    self.cfg.block_size)
-        for rv in self.reverts:
-            patching.apply(sched, rv)
+        for p in self.patches:
+            p.bind(sched)
 
     @property
     def races(self) -> list:
@@ -118,8 +117,8 @@ class VllmSession(Session):
         if self._open:
             self._open = False
             if self.sched is not None:
-                for rv in self.reverts:
-                    patching.unapply(self.sched, rv)
+                for p in self.patches:
+                    p.unbind(self.sched)
 
     def _emit(self, ev) -> None:
         if self.observer is not None:
@@ -188,7 +187,7 @@ class VllmSession(Session):
         self._races.clear()
 
     def _run(self, workload: Workload, max_steps: Optional[int]) -> RunResult:
-        from ...engine import EngineStuck
+        from ...protocol import EngineStuck
         cfg = self.cfg
         self._emit(VllmSessionInfo(0, -1, cfg.scheduler, cfg.depth, cfg.spec_tokens,
                                    cfg.block_size, cfg.defer_block_free, tuple(cfg.faults),

@@ -22,8 +22,8 @@ from typing import Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from ...engine.types import GREEDY, SEEDED, RequestSpec
-from ...engine.workload import AbortAt, Workload
+from ...protocol.types import GREEDY, SEEDED, RequestSpec
+from ...protocol.workload import AbortAt, Workload
 from ...run.case import Case, ScheduleSpec
 from .config import VllmTargetConfig
 

@@ -3,6 +3,10 @@ arrival step) and aborts at steps. Generated from a seed (the ``workload``
 sub-stream) or loaded from YAML (``yaml.safe_load``, then validated: bad input is a
 ``WorkloadError`` with a one-line message).
 
+``cfg`` is any target's config: workloads are validated against its ``max_context``
+(the longest prompt + output a request may reach); ``generate`` reads its
+``prefix_cache`` too where it has one.
+
 YAML form::
 
     requests:
@@ -18,7 +22,6 @@ from dataclasses import dataclass, replace
 from typing import Tuple
 
 from .. import seeds
-from .config import EngineConfig
 from .types import GREEDY, SAMPLING, SEEDED, RequestSpec
 
 
@@ -38,7 +41,7 @@ class Workload:
     aborts: Tuple[AbortAt, ...] = ()
 
 
-def generate(seed: int, n: int, cfg: EngineConfig, vocab: int = 64,
+def generate(seed: int, n: int, cfg, vocab: int = 64,
              abort_rate: float = 0.12, max_prompt: int = 24, max_new: int = 40) -> Workload:
     """``n`` requests with mixed arrivals, stop tokens, sampling modes and aborts. With
     the prefix cache on (``cfg.prefix_cache``), some requests then share a prefix with an
@@ -147,7 +150,7 @@ def _well_formed(item, ids, limit: int):
     return RequestSpec(rid, arrival, tuple(prompt), new, tuple(stop), seed, sampling)
 
 
-def parse(doc, cfg: EngineConfig) -> Workload:
+def parse(doc, cfg) -> Workload:
     """Validate a loaded YAML document against the schema and ``cfg``."""
     doc = _fields(doc, {"requests", "aborts"}, "workload")
     items = doc.get("requests")
@@ -216,7 +219,7 @@ def check_vocab(w: Workload, vocab, model: str) -> None:
                                 f"vocabulary (0..{vocab - 1})")
 
 
-def load(path: str, cfg: EngineConfig) -> Workload:
+def load(path: str, cfg) -> Workload:
     """Load and validate a YAML workload file (UTF-8, at most ``MAX_BYTES``). A file that
     is JSON (which YAML includes) is read as JSON, the fastest way to hold a large
     workload (100k requests: about a second); YAML is read by ``plainyaml`` (about ten

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import List
 
-from overlapcheck.engine import events as E
-
-from .base import Checker, Violation
+from invariants.base import Checker, Violation
+from overlapcheck.protocol import events as E
 
 
 class VllmPreemptProgress(Checker):

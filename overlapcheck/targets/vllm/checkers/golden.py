@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
-from overlapcheck.engine import events as E
-from overlapcheck.engine.types import SEEDED
-from overlapcheck.targets.vllm import events as V
-from overlapcheck.targets.vllm.golden import Golden
+from invariants.base import Checker, Violation
+from overlapcheck.protocol import events as E
+from overlapcheck.protocol.types import SEEDED
 
-from .base import Checker, Violation
+from .. import events as V
+from ..golden import Golden
 
 
 class VllmGolden(Checker):

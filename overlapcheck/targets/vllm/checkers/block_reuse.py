@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Set
 
-from overlapcheck.engine import events as E
-from overlapcheck.targets.vllm import events as V
+from invariants.base import Checker, Violation
+from overlapcheck.protocol import events as E
 
-from .base import Checker, Violation
+from .. import events as V
 
 
 class VllmBlockReuse(Checker):

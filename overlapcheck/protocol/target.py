@@ -1,5 +1,5 @@
-"""What every target shares: the interface the run driver drives, and the choice
-recorder that makes a target's runs replayable.
+"""What every target shares: the interface the run driver drives, the choice recorder
+that makes a target's runs replayable, and the two ways a run can fail to start or end.
 
 A *target* is an engine overlapcheck drives and observes. The reference engine is
 one; real engines (vLLM, SGLang) are others, each behind an adapter with a fake
@@ -11,27 +11,31 @@ model. The run driver (``overlapcheck.run``) treats them alike:
 
 A target:
 
-* turns a workload (``overlapcheck.engine.workload.Workload``: arrivals by step with
-  prompt, max_new_tokens, stop ids, sampling seed; aborts by step) into calls of the
-  engine it wraps, one host *step* at a time;
-* calls ``observer(event)`` with ``overlapcheck.engine.events`` events, so the
-  checkers read its state without knowing which engine it is: ``Arrived``,
-  ``Scheduled``, ``Allocated``/``Freed`` (KV blocks, named by block id),
-  ``Prefilled``/``Verified`` (tokens appended to a request), ``Finished``,
-  ``Aborted``, ``Retracted`` (preemption), ``Stalled`` (before raising
-  ``EngineStuck``), ``StepEnd`` with a ``Snapshot`` of its own state after every
-  step, ``RunEnd``;
+* turns a workload (``protocol.workload.Workload``: arrivals by step with prompt,
+  max_new_tokens, stop ids, sampling seed; aborts by step) into calls of the engine
+  it wraps, one host *step* at a time;
+* calls ``observer(event)`` with ``protocol.events`` events, so the checkers read its
+  state without knowing which engine it is: ``Arrived``, ``Scheduled``,
+  ``Allocated``/``Freed`` (KV blocks, named by block id), ``Prefilled``/``Verified``
+  (tokens appended to a request), ``Finished``, ``Aborted``, ``Retracted``
+  (preemption), ``Stalled`` (before raising ``EngineStuck``), ``StepEnd`` with a
+  ``Snapshot`` of its own state after every step, ``RunEnd``;
 * takes every nondeterministic decision (when an in-flight result is applied, how
   deep the pipeline is) from ``strategy`` through a ``Chooser``, so that
   ``Replay(choices)`` reruns exactly; everything else comes from the seed;
-* raises ``overlapcheck.engine.EngineStuck`` when its step bound runs out.
+* raises ``EngineStuck`` when its step bound runs out;
+* lists its own checkers (``checkers``: those that read its own events or context;
+  the shared ones of ``invariants`` read the events above) and its faults
+  (``faults()``: ``overlapcheck.faults.Fault``s).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-from ..device.sched import Strategy
+
+class EngineStuck(RuntimeError):
+    """The run exceeded its step bound (a request that never ends)."""
 
 
 class TargetUnavailable(RuntimeError):
@@ -45,9 +49,11 @@ class Chooser:
     in-flight result); ``point(ready)`` returns the index of the lane to advance, or
     -1 to advance none. ``forced`` points must advance one (the engine cannot go on
     otherwise). Decisions with more than one option are recorded in ``choices``, the
-    same way the simulated device records its own."""
+    same way the simulated device records its own. ``strategy``: a schedule strategy
+    (``overlapcheck.device.sched.Strategy``: ``new_point()``, ``choose(n, lanes,
+    forced)``)."""
 
-    def __init__(self, strategy: Strategy):
+    def __init__(self, strategy):
         self.strategy = strategy
         self.choices: List[int] = []
 
@@ -94,13 +100,18 @@ class Session:
         return []
 
     def run(self, workload, max_steps: Optional[int] = None) -> object:
-        """Run ``workload`` to the end; return an ``overlapcheck.engine.RunResult``.
+        """Run ``workload`` to the end; return a ``protocol.results.RunResult``.
         Raises ``EngineStuck`` (after a ``Stalled`` event) past ``max_steps``."""
         raise NotImplementedError
 
     def close(self) -> None:
         """Undo what the session changed in its engine (a fault's patch); the driver
         calls it however the run ended."""
+
+    def dispose(self) -> None:
+        """The run is over and nothing will look at its objects again: break their
+        reference cycles so that they are freed at once, not by the cyclic collector
+        (the reference engine and its runtime empty themselves); by default nothing."""
 
 
 class Target:
@@ -125,6 +136,10 @@ class Target:
     #: imports it, the target never imports the fuzzer.
     case_strategy = ""
     case_options: tuple = ()          # the keyword options its case strategy takes
+    #: the target's own checkers, name -> "module:Class" (imported on first use): those
+    #: that read events or context only this target gives. The checker registry
+    #: (``invariants.base.REGISTRY``) is the shared checkers plus every target's.
+    checkers: Dict[str, str] = {}
     #: its engine's own log lines go to ``targets.logs.path()`` when one is set (a
     #: campaign sets ``--out``/engine-logs): the campaign says where
     engine_logs = False
@@ -154,7 +169,8 @@ class Target:
         raise NotImplementedError
 
     def faults(self) -> dict:
-        """name -> description object of the faults this target can switch on."""
+        """name -> ``overlapcheck.faults.Fault`` of the faults this target can switch on
+        (listing them needs no engine installed)."""
         return {}
 
     def check_faults(self, names) -> None:
@@ -182,15 +198,15 @@ class Target:
         return None
 
     def check_workload(self, workload, cfg) -> None:
-        """``overlapcheck.engine.WorkloadError`` (one line) when ``workload`` does not fit
+        """``protocol.workload.WorkloadError`` (one line) when ``workload`` does not fit
         ``cfg`` beyond its ``max_context`` (which every workload is parsed against)."""
 
     def generate(self, seed: int, n: int, cfg):
         """A seeded workload of ``n`` requests that fits ``cfg`` (``overlapcheck run``)."""
-        from ..engine.workload import generate
+        from .workload import generate
         return generate(seed, n, cfg)
 
-    def open(self, cfg, strategy: Strategy, observer: Optional[Callable[[object], None]],
+    def open(self, cfg, strategy, observer: Optional[Callable[[object], None]],
              faults: Sequence[str] = (), **options) -> Session:
         """A session running ``cfg`` with ``faults`` on, its decisions taken from
         ``strategy``, its events sent to ``observer``. ``options`` are the driver's

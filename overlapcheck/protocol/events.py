@@ -1,31 +1,21 @@
-"""The engine's observation API: typed events and per-step snapshots.
+"""The observation API every target speaks: typed events and per-step snapshots.
 
-The engine calls ONE optional observer, ``observer(event)``, with these frozen
-events. Every event carries ``iteration`` (the host step) and ``batch`` (the batch it
+A target calls ONE optional observer, ``observer(event)``, with these frozen events.
+Every event carries ``iteration`` (the host step) and ``batch`` (the batch it
 concerns: the one being built, launched or processed; -1 when none). Checkers consume
-them and never reach into the engine.
+them and never reach into the engine. A target may add events of its own (subclasses
+of ``Event`` in its package); checkers that do not know them ignore them.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
+from .canary import canary_fields
 from .types import BatchId, RequestId, RequestSpec, Step
-
-DIGEST_M = 2147483647  # 2**31 - 1
-
-
-def token_digest(tokens) -> int:
-    """The canary's digest of the tokens at positions 0..n-1 (the device computes the
-    same over the KV it reads): sum of (token mod M) * weight(position), mod M."""
-    h = 0
-    for p, t in enumerate(tokens):
-        h += (t % DIGEST_M) * ((p * 40503 + 17) % DIGEST_M + 1) % DIGEST_M
-    return h % DIGEST_M
-
 
 @dataclass(frozen=True)
 class Event:
@@ -185,7 +175,7 @@ class Canary(Event):
     with the batch's results (no extra sync): ``read_len`` positions 0..read_len-1 were
     read; ``bad`` of them held a slot tagged with another (request, position); the
     first such is ``slot`` at ``position``, holding ``found`` = (token, position,
-    request); ``digest`` = ``token_digest`` of the tokens found. Emitted right after
+    request); ``digest`` = ``digest.token_digest`` of the tokens found. Emitted right after
     the entry's ``Prefilled``/``Verified``."""
 
     rid: RequestId
@@ -210,7 +200,7 @@ class VerifiedBatch(Event):
     checkers may take the whole run in one handler, ``on_VerifiedBatch``); any other
     observer gets the per-request events. Columns, one item per entry: ``rids``,
     ``index``, ``accept_len``, ``tokens``, ``dropped`` as in ``Verified``; ``records``:
-    the canary records (``engine/canary.py``'s columns) or empty; ``backup``: the records
+    the canary records (``protocol/canary.py``'s columns) or empty; ``backup``: the records
     carry the KV backup's check."""
 
     rids: Tuple[RequestId, ...]
@@ -228,7 +218,6 @@ class VerifiedBatch(Event):
 
     def canary(self, i: int) -> Canary:
         """Entry ``i``'s ``Canary`` event (``records`` not empty)."""
-        from .canary import canary_fields
         return Canary(self.iteration, self.batch, self.rids[i],
                       *canary_fields(self.records[i], self.backup))
 

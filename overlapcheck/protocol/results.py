@@ -38,6 +38,21 @@ class RunResult:
         return {"requests": [_fields(self.requests[rid]) for rid in sorted(self.requests)],
                 "summary": _fields(self.summary)}
 
+    def text(self) -> str:
+        """Per request its finish, tokens and accept lengths, then the summary (what
+        ``overlapcheck run`` prints)."""
+        lines = [f"request {rid}: {r.finish_reason}, {len(r.tokens)} tokens "
+                 f"[{' '.join(map(str, r.tokens))}], accept lengths "
+                 f"[{' '.join(map(str, r.accept_lens))}]"
+                 + (f", retracted {r.retractions}x" if r.retractions else "")
+                 for rid, r in sorted(self.requests.items())]
+        s = self.summary
+        lines.append(f"summary: steps {s.steps}, batches {s.batches}, tokens {s.tokens}, "
+                     f"verifies {s.verifies}, mean accept length {s.mean_accept_length}, "
+                     f"finished {s.finished}, aborts {s.aborts}, retractions {s.retractions}, "
+                     f"host syncs {s.host_syncs} (declared {s.declared_syncs}), races {s.races}")
+        return "\n".join(lines)
+
 
 _ATOMS = (int, str, float, bool, type(None))
 
