@@ -143,6 +143,14 @@ def cuda_path(syncs: Syncs) -> Iterator[None]:
         torch.cuda.synchronize()
 
     triton_attn = AttentionBackendEnum.TRITON_ATTN.get_path()
+    from overlapcheck.watch.kernel import active_backend
+    b = active_backend()
+    if b is None or getattr(b, "name", "") != "cpu":
+        raise RuntimeError("vLLM's CUDA path runs inside watch(device='cpu') only")
+    # device memory reports "cpu:0", which names the device: a tensor placed "where x
+    # is" (``torch.empty(n, device=x.device)``, as the runner does for its logits
+    # indices) is device memory, as on a GPU, not host memory
+    b.alias_device(ALIAS)
     try:
         put(CpuPlatform, "get_attn_backend_cls",
             classmethod(lambda cls, *a, **k: triton_attn))
@@ -161,6 +169,19 @@ def cuda_path(syncs: Syncs) -> Iterator[None]:
 
 
 _ABSENT = object()
+ALIAS = "cpu:0"     # the CPU device name that stands for the GPU (cuda_path)
+
+
+def _adopt_model(model) -> None:
+    """The model's weights and buffers are device memory, as after loading on a GPU:
+    buffers a layer builds on the host at construction (the rotary embedding's cos/sin
+    cache) would otherwise be copied to the device at the first forward, a host wait a
+    GPU never makes."""
+    from overlapcheck.watch.kernel import active_backend
+    b = active_backend()
+    for t in [*model.parameters(), *model.buffers()]:
+        if b.device_key(t) is None:
+            b.adopt(t)
 
 
 def _uva_view(cpu_tensor: torch.Tensor) -> torch.Tensor:
@@ -200,6 +221,7 @@ def built(cfg, V, launches=None) -> Iterator[object]:
             twins.installed(launches, table) as counts:
         runner = GPUModelRunner(vc, torch.device("cuda"))
         runner.load_model()
+        _adopt_model(runner.model)
         kv = _kv_cache_config(runner, vc)
         runner.initialize_kv_cache(kv)
         table.update(pointees(runner))
