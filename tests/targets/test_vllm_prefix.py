@@ -61,24 +61,22 @@ def _shares(wl, bs):
         for p in wl.requests))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.data())
-def test_strategy_draws_the_cache_in_a_share_with_shared_prompts(data):
-    cfg = data.draw(vllm_config())
-    wl = data.draw(vllm_workload(cfg))
-    assert TARGET.config_from_dict(cfg.to_dict()) == cfg
-    assert cfg.workload_error(wl) == ""
-    _seen.setdefault(cfg.prefix_caching, []).append(_shares(wl, cfg.block_size))
+def test_strategy_draws_the_cache_in_a_share_with_shared_prompts():
+    seen: dict = {}
 
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.data())
+    def draw(data):
+        cfg = data.draw(vllm_config())
+        wl = data.draw(vllm_workload(cfg))
+        assert TARGET.config_from_dict(cfg.to_dict()) == cfg
+        assert cfg.workload_error(wl) == ""
+        seen.setdefault(cfg.prefix_caching, []).append(_shares(wl, cfg.block_size))
 
-_seen: dict = {}
-
-
-def test_strategy_share_seen():
-    # run after the strategy test above (pytest keeps file order)
-    assert set(_seen) == {False, True}
-    assert sum(1 for n in _seen[True] if n) > len(_seen[True]) // 3
+    draw()
+    assert set(seen) == {False, True}
+    assert sum(1 for n in seen[True] if n) > len(seen[True]) // 3
 
 
 # -- with vLLM ----------------------------------------------------------------------------
@@ -163,25 +161,23 @@ def test_tracker_maps_a_hit_and_the_pool():
 
 
 @needs_vllm
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(cases(config={"prefix_caching": True}))
-def test_strategy_cases_with_the_cache_run_clean(case):
-    assert case.config.prefix_caching
-    TARGET.check_workload(case.workload, case.config)
-    log = Events()
-    out = run(case.config, case.workload, case.schedule, log=log)
-    assert out.status == "completed", (out.status, [f.text for f in out.problems])
-    assert out.findings == [], out.findings[0].text
-    _hits.append(hits(log.events))
+def test_strategy_cases_with_the_cache_run_clean_and_hit():
+    found: list = []
 
+    @settings(max_examples=10, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(cases(config={"prefix_caching": True}))
+    def check(case):
+        assert case.config.prefix_caching
+        TARGET.check_workload(case.workload, case.config)
+        log = Events()
+        out = run(case.config, case.workload, case.schedule, log=log)
+        assert out.status == "completed", (out.status, [f.text for f in out.problems])
+        assert out.findings == [], out.findings[0].text
+        found.append(hits(log.events))
 
-_hits: list = []
-
-
-@needs_vllm
-def test_strategy_cases_hit():
-    assert sum(1 for n in _hits if n) >= 3, _hits
+    check()
+    assert sum(1 for n in found if n) >= 3, found
 
 
 def _planted(monkeypatch, bad):
