@@ -74,12 +74,19 @@ class VllmTarget(Target):
             raise WorkloadError(why)
 
     def generate(self, seed: int, n: int, cfg: VllmTargetConfig):
-        """``n`` seeded requests (``protocol.workload.generate``) whose ids lie
-        in the config's vocabulary and whose prompt + output fit ``max_context``."""
-        from ...protocol.workload import generate
+        """``n`` seeded requests (``protocol.workload.generate``) whose ids lie in the
+        config's vocabulary and whose prompt + output fit ``max_context``. With
+        ``prefix_caching``, some requests then start with a prefix of an earlier prompt
+        (``share_prefixes``, its own sub-stream: the rest of the workload is unchanged)."""
+        from dataclasses import replace as _replace
+
+        from ...protocol.workload import generate, share_prefixes
         prompt = max(1, cfg.max_context * 2 // 5)
-        return generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=prompt,
-                        max_new=cfg.max_context - prompt)
+        wl = generate(seed, n, cfg, vocab=cfg.vocab, max_prompt=prompt,
+                      max_new=cfg.max_context - prompt)
+        if cfg.prefix_caching:
+            wl = _replace(wl, requests=tuple(share_prefixes(seed, wl.requests, prompt)))
+        return wl
 
     def open(self, cfg: VllmTargetConfig, strategy, observer, faults=(), *, device="sim",
              detect=True, trace=False, model=None, **options):

@@ -36,13 +36,15 @@ class VllmTargetConfig:
     runner: str = "fake"              # "fake": the deterministic fake runner; "real":
                                       # vLLM's own V2 GPU model runner on a tiny Llama,
                                       # on the CPU under watch (``real_runner``)
+    prefix_caching: bool = False      # vLLM's automatic prefix caching (its own default
+                                      # is on): full blocks hashed, shared and evicted LRU
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in ("scheduler", "faults", "runner"):
                 continue
-            want = bool if f.name == "defer_block_free" else int
+            want = bool if f.name in ("defer_block_free", "prefix_caching") else int
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
                 raise ValueError(f"vllm config: {f.name} must be {want.__name__}, got {v!r}")
         if self.scheduler not in SCHEDULERS:
@@ -60,6 +62,10 @@ class VllmTargetConfig:
                                  f"block_size a multiple of 16, vocab >= 32 and no deferred "
                                  f"frees, got {self.batch_queue}, {self.block_size}, "
                                  f"{self.vocab}, {self.defer_block_free}")
+        if self.runner == "real" and self.prefix_caching:
+            raise ValueError("vllm config: prefix_caching needs runner: fake (the real runner's "
+                             "prompts of at most 16 tokens fill no 16-token block a later "
+                             "prompt could hit, so it runs without the cache)")
         if not 1 <= self.batch_queue <= 3:
             raise ValueError(f"vllm config: batch_queue must be in 1..3, got {self.batch_queue}")
         if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1:

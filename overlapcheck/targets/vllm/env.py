@@ -111,6 +111,21 @@ def _model_config(max_model_len: int):
                              seed=0, max_model_len=max_model_len)
 
 
+@functools.lru_cache(maxsize=None)
+def block_hasher(block_size: int):
+    """The block hasher the engine core gives each request when prefix caching is on
+    (``EngineCore.__init__``: ``init_none_hash`` then ``get_request_block_hasher`` with
+    the config's default algorithm, sha256; the hash block size is the block size, no
+    lookahead tokens for ngram drafts). sha256 seeds its root hash from
+    ``PYTHONHASHSEED`` or a fixed string: never random, so runs stay deterministic."""
+    load()
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    fn = get_hash_fn_by_name("sha256")
+    init_none_hash(fn)
+    return get_request_block_hasher(block_size, fn)
+
+
 def build_scheduler(cfg, V: SimpleNamespace, vllm_cfg=None, runner_kv=None):
     """A vLLM ``Scheduler`` or ``AsyncScheduler`` for ``cfg`` (a ``VllmTargetConfig``);
     with ``vllm_cfg`` and ``runner_kv`` (a real runner's config and KV cache config),
@@ -131,7 +146,8 @@ def build_scheduler(cfg, V: SimpleNamespace, vllm_cfg=None, runner_kv=None):
     # every session's VllmConfig runs vLLM's own verification (the parsed HF config it
     # shares is only read)
     model_cfg = copy.copy(_model_config(cfg.max_model_len))
-    cache_cfg = V.CacheConfig(block_size=cfg.block_size, enable_prefix_caching=False)
+    cache_cfg = V.CacheConfig(block_size=cfg.block_size,
+                              enable_prefix_caching=cfg.prefix_caching)
     spec_cfg = (V.SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.spec_tokens,
                                     prompt_lookup_min=1, prompt_lookup_max=2)
                 if cfg.spec_tokens else None)
@@ -140,6 +156,7 @@ def build_scheduler(cfg, V: SimpleNamespace, vllm_cfg=None, runner_kv=None):
     # vLLM's CPU platform switches async scheduling off because its CPU workers cannot
     # overlap; the target emulates a GPU deployment, whose scheduler runs async.
     vllm_cfg.scheduler_config.async_scheduling = cfg.is_async
+    vllm_cfg.cache_config.enable_prefix_caching = cfg.prefix_caching
     cache_cfg.num_gpu_blocks = cfg.num_blocks
     kv_cfg = V.KVCacheConfig(
         num_blocks=cfg.num_blocks, kv_cache_tensors=[],

@@ -73,11 +73,11 @@ class VllmSession(Session):
         self.launches = None                       # the real runner's Triton launches
         self.syncs = None
         self.runner = None if self.real else FakeRunner(V, cfg, self.goldens)
+        self.reqs: Dict[int, object] = {}          # rid -> vLLM Request (kept after it ends)
         self.tracker = None if self.real else Tracker(sched, self._emit, cfg.max_num_seqs,
                                                       cfg.block_size)
         self.queue: deque = deque()
         self.next_bid = 0
-        self.reqs: Dict[int, object] = {}          # rid -> vLLM Request (kept after it ends)
         self.accepts: Dict[int, List[int]] = {}
         self.verifies: Dict[int, int] = {}
         self.ended: Dict[int, str] = {}
@@ -266,9 +266,14 @@ class VllmSession(Session):
                               seed=spec.seed if seeded else None)
         if spec.stop_ids:   # the first stop id plays the model's EOS, the rest stop ids
             sp.update_from_generation_config({}, eos_token_id=spec.stop_ids[0])
+        hasher = None
+        if cfg.prefix_caching:      # as the engine core builds requests with the cache on
+            from .env import block_hasher
+            hasher = block_hasher(cfg.block_size)
         req = V.Request(request_id=str(spec.rid), prompt_token_ids=list(spec.prompt),
                         sampling_params=sp, pooling_params=None,
-                        arrival_time=float(spec.arrival) + spec.rid * 1e-6)
+                        arrival_time=float(spec.arrival) + spec.rid * 1e-6,
+                        block_hasher=hasher)
         self.reqs[spec.rid] = req
         self.accepts[spec.rid] = []
         self.verifies[spec.rid] = 0

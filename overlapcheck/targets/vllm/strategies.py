@@ -4,10 +4,12 @@ together, so that shrinking minimizes all three.
 ``cases(checks, faults)`` draws an ``overlapcheck.run.Case`` of target ``vllm``: a
 ``VllmTargetConfig`` (async or sync scheduler,
 batch queue 1..3, pools from one request's worth of blocks up, so preemption is
-common, 0..4 drafts, chunking on or off, deferred frees on or off), a ``Workload``
-(arrivals, prompts, max_new_tokens, stop ids, seeds, greedy or seeded sampling, aborts
-at any step) and a ``stalls`` schedule (``overlapcheck.device.sched.Stalls``) over the
-target's lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take
+common, 0..4 drafts, chunking on or off, deferred frees on or off, vLLM's prefix
+caching in half the examples), a ``Workload`` (with the cache on, about half the
+requests after the first start with at least one full block of an earlier prompt
+and one token more, so that their admissions hit the cache; arrivals, prompts,
+max_new_tokens, stop ids, seeds, greedy or seeded sampling, aborts at any step) and
+a ``stalls`` schedule (``overlapcheck.device.sched.Stalls``) over the target's lanes ("ahead": keep the batch in flight and schedule ahead; "abort": take
 the abort now). ``faults`` are passed in, never drawn (the fuzzer knows no fault
 names).
 
@@ -57,7 +59,10 @@ def vllm_config(draw, pressure: bool = False) -> VllmTargetConfig:
         max_num_batched_tokens=seqs * max(spec + 1, chunk) + draw(st.integers(0, 64)),
         long_prefill_token_threshold=chunk, max_model_len=max_model_len, spec_tokens=spec,
         agreement=draw(st.integers(0, 100)), vocab=VOCAB,
-        defer_block_free=draw(st.booleans()))
+        defer_block_free=draw(st.booleans()),
+        # vLLM's default, in half the examples (drawn last: the other draws keep their
+        # order); their workloads then share prompt prefixes (``vllm_workload``)
+        prefix_caching=draw(st.booleans()))
 
 
 @st.composite
@@ -99,11 +104,26 @@ def vllm_workload(draw, cfg: VllmTargetConfig, pressure: bool = False,
     if real:
         room = min(room, 32)
     reqs, aborts, step = [], [], 0
+    bs = cfg.block_size
     for rid in range(n):
         step += draw(st.integers(0, 1) if pressure else st.integers(0, 3))
-        plen = draw(st.integers(1, max(1, room // 2)))
-        prompt = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), min_size=plen,
-                                     max_size=plen)))
+        donors = ([r for r in reqs if bs <= len(r.prompt) and bs + 2 <= room]
+                  if cfg.prefix_caching else [])
+        if donors and draw(st.booleans()):
+            # a prompt that starts with at least one full block of an earlier prompt
+            # (one more token: a hit leaves the last prompt token to compute)
+            donor = draw(st.sampled_from(donors)).prompt
+            head = draw(st.integers(bs, min(len(donor), room - 2)))
+            plen = draw(st.integers(head + 1, max(head + 1, min(room - 1, head + room // 4))))
+            prompt = donor[:head] + tuple(draw(st.lists(
+                st.integers(0, cfg.vocab - 1), min_size=plen - head, max_size=plen - head)))
+        else:
+            top = room // 2
+            if cfg.prefix_caching:      # long enough to fill a block others may share
+                top = max(top, min(room - 2, bs + 1))
+            plen = draw(st.integers(1, max(1, top)))
+            prompt = tuple(draw(st.lists(st.integers(0, cfg.vocab - 1), min_size=plen,
+                                         max_size=plen)))
         longest = room - plen
         # the real runner's requests mostly decode a few steps (overlap needs them)
         max_new = draw(st.integers(max(1, longest // 2), longest) if pressure
