@@ -137,7 +137,7 @@ def test_clean_runs_with_prefix_caching_are_quiet_and_hit(name):
 
 @needs_vllm
 def test_tracker_maps_a_hit_and_the_pool():
-    from overlapcheck.engine import RequestSpec, Workload
+    from overlapcheck.protocol import RequestSpec, Workload
     cfg = replace(SMALL, scheduler="sync", batch_queue=1, spec_tokens=0)
     a = (1, 2, 3, 4, 5, 6, 7, 8, 9)
     wl = Workload((RequestSpec(0, 0, a, 3, (), 0, "greedy"),
