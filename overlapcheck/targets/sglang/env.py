@@ -105,12 +105,18 @@ def missing_roots() -> List[str]:
     return out
 
 
+def set_environment() -> None:
+    """The variables of ``ENV`` the user has not set: before SGLang, Triton or
+    transformers (which imports Triton through torch._dynamo) is imported."""
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+
+
 @contextlib.contextmanager
 def stubbed() -> Iterator[None]:
     """Install the stubs for the missing CUDA-only modules; remove them (and every
     module they produced) on exit."""
-    for k, v in ENV.items():
-        os.environ.setdefault(k, v)
+    set_environment()
     roots = missing_roots()
     if "torchvision" in roots:
         # transformers caches whether torchvision exists the first time it asks; ask

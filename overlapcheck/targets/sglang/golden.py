@@ -113,8 +113,13 @@ def _hf_llama(vocab: int, context: int, pair: bool = False):
     """transformers' Llama on the target's checkpoint (the spec pair's target with
     ``pair``; kept: loading costs seconds)."""
     from safetensors.torch import load_file
+
+    from . import checkpoint, env
+    # transformers imports torch._dynamo, which imports Triton: with SGLang's
+    # environment first (TRITON_INTERPRET), or Triton's own helpers (``tl.cdiv``) would
+    # be compiled functions that SGLang's interpreted kernels cannot call
+    env.set_environment()
     from transformers import LlamaConfig, LlamaForCausalLM
-    from . import checkpoint
     path = checkpoint.pair_dirs(vocab, context)[0] if pair else checkpoint.model_dir(vocab, context)
     # eos: SGLang's config names one past the vocabulary (never sampled); the golden
     # model decodes greedily to a length and needs none (transformers warns about it)

@@ -98,6 +98,8 @@ def check_interpreted() -> None:
 
     from ..triton_launch import require_interpreted
     require_interpreted(eagle.fill_bonus_tokens, "SGLang", "sglang")
+    import triton.language as tl      # its helpers, which SGLang's kernels call
+    require_interpreted(tl.cdiv, "Triton", "sglang")
 
 
 @contextlib.contextmanager
