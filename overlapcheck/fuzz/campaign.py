@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence
+from typing import Dict, Optional
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
@@ -53,44 +52,7 @@ from ..protocol.finding import is_known
 from ..run import References, execute
 from ..run.driver import release
 from .db import open_database
-
-
-@dataclass
-class Options:
-    seconds: Optional[float] = 60.0
-    examples: Optional[int] = None
-    seed: int = 0
-    device: str = "sim"
-    target: str = "reference"
-    models: Optional[Sequence[str]] = None        # reference engine: None is the oracle
-    draft_kinds: Optional[Sequence[str]] = None   # reference engine: None, every kind
-    checks: Sequence[str] = ()
-    faults: Sequence[str] = ()
-    out: Optional[str] = None
-    db: Optional[str] = None
-    batch: int = 25
-    # with ``seconds``: shrinking's time past the budget (None: none); without, a cap
-    # on shrinking one finding (None: Hypothesis' own)
-    shrink_seconds: Optional[float] = None
-    progress: Optional[Callable[[str], None]] = None
-    shared_db: Optional[str] = None   # redis://HOST:PORT[/N], multiplexed with ``db``
-    # where the time box starts (a ``time.monotonic()`` of this machine; None: when the
-    # campaign is built): the command's start, so start-up counts against ``seconds``
-    started: Optional[float] = None
-    # (checker, site) keys of findings already known (``--known`` repros): they neither
-    # fail an example nor are reported, so a campaign looks for other bugs
-    known: frozenset = frozenset()
-    # each finding as it is written: when first seen, and each time a smaller case of it
-    # replaces its repro (the same ``Found``, updated)
-    on_finding: Optional[Callable[["Found"], None]] = None
-    # asked before each example and at each step: a reason to stop now (a signal's name)
-    # or None; the campaign then ends as at the end of its time box
-    stop: Optional[Callable[[], Optional[str]]] = None
-    on_stats: Optional[Callable[["Stats"], None]] = None   # the figures, about once a second
-    on_begin: Optional[Callable[[], None]] = None   # called as the first example is drawn
-    graphs: bool = False   # a GPU device: model calls replay from CUDA graphs (§4.9)
-    # a target's config fields held fixed (``fuzz --config``): ((field, value), ...)
-    config: Optional[tuple] = None
+from .options import Options  # noqa: F401 - the campaign's options live there
 
 
 @dataclass

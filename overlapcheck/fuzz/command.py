@@ -103,7 +103,7 @@ def _options(args):
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    from .db import split_specs
+    from .options import split_specs
     try:
         db, shared_db = split_specs(args.db)
     except ValueError as e:
@@ -143,7 +143,7 @@ def _options(args):
             make_model(args.model)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    from .campaign import Options
+    from .options import Options
     try:
         check_available(args.device)
     except RuntimeError as e:

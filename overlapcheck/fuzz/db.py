@@ -26,20 +26,16 @@ from urllib.parse import urlsplit
 from hypothesis.database import (DirectoryBasedExampleDatabase, ExampleDatabase,
                                  MultiplexedDatabase)
 
+from .options import SCHEMES, is_shared, split_specs  # noqa: F401 - the specs' parsing
+
 DEFAULT_LOCAL = ".overlapcheck/hypothesis-db"   # the nightly profile's folder too
 KEY_PREFIX = b"overlapcheck-example:"
-SCHEMES = ("redis", "rediss")
 TIMEOUT_S = 5.0     # a server that stops answering (not only one that refuses) ends too
 
 
 class SharedDatabaseError(Exception):
     """A shared database that cannot be opened: a bad address, a server that does not
     answer, the ``redis`` package missing. One line."""
-
-
-def is_shared(spec: Optional[str]) -> bool:
-    """Does ``spec`` name a shared (Redis) database rather than a folder?"""
-    return bool(spec) and urlsplit(spec).scheme in SCHEMES
 
 
 def _redis_errors() -> tuple:
@@ -156,20 +152,3 @@ def open_database(local: Optional[str] = None, shared: Optional[str] = None,
                                shared_database(shared, say))
 
 
-def split_specs(specs) -> tuple:
-    """``(folder, redis address)`` from database specs (``--db``, ``--overlapcheck-db``:
-    each a folder or a ``redis://`` address, at most one of each); ``ValueError`` (one
-    line) otherwise."""
-    local = shared = None
-    for spec in specs or ():
-        if is_shared(spec):
-            if shared is not None:
-                raise ValueError(f"two shared databases given ({shared}, {spec})")
-            shared = spec
-        elif "://" in spec:
-            raise ValueError(f"{spec!r} is neither a folder nor redis://HOST:PORT[/N]")
-        else:
-            if local is not None:
-                raise ValueError(f"two database folders given ({local}, {spec})")
-            local = spec
-    return local, shared
