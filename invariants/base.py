@@ -121,6 +121,9 @@ REGISTRY: Dict[str, str] = {
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",
     "kv-backup": "invariants.kv_backup:KVBackup",
     "runtime-memory": "invariants.runtime_memory:RuntimeMemory",
+    # what strict mode asserted, and the modes the config turns on
+    "pool-integrity": "invariants.pool_integrity:PoolIntegrity",
+    "config-effect": "invariants.config_effect:ConfigEffect",
     # the vLLM target's (their events come from overlapcheck.targets.vllm)
     "vllm-placeholders": "invariants.vllm_placeholders:VllmPlaceholders",
     "vllm-golden": "invariants.vllm_golden:VllmGolden",

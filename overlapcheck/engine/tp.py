@@ -97,8 +97,11 @@ class TPEngine(Engine):
 
     def snapshot(self) -> E.Snapshot:
         """Rank 0's state; host syncs are counted over the shared runtime, so the
-        declared ones are too."""
-        return dataclasses.replace(super().snapshot(), declared_syncs=self._declared())
+        declared ones are too; ``ran`` counts the ranks that launched a batch."""
+        snap = super().snapshot()
+        ranks = sum(r.batches > 0 for r in self.ranks)
+        return dataclasses.replace(snap, declared_syncs=self._declared(), ran=tuple(
+            (k, ranks if k == "tp" else n) for k, n in snap.ran))
 
     def result(self):
         res = super().result()
