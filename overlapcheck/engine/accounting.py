@@ -129,6 +129,9 @@ class Memory:
             n = min(req.committed, len(toks) - 1, len(req.pages) * ps) // ps * ps
             if n > shared * ps:
                 cand = req.pages[:n // ps]
+                if self.faults.on("radix-node-overcovers") and len(req.pages) > n // ps:
+                    # fault: the page past the last whole page of the key goes too
+                    cand = req.pages[:n // ps + 1]
                 self._locks_changing()
                 have = self.tree.insert(pair_keys(toks, n), cand, fence) // ps
                 new = cand[max(have, shared):]
@@ -176,6 +179,10 @@ class Memory:
             req.host_pages = []
         if req.row is not None:
             self.rows.release(req.row, req.rid)
+            if until is not None and self.faults.on("phantom-pool-row"):
+                # fault: the row of a request torn down in flight goes back a second
+                # time, at the bottom of the free stack (admission never reaches it)
+                self.rows.free.insert(0, req.row)
             self.dev.transfer_row(req.row, None)
             self.emit(E.RowReleased(it, bid, req.rid, req.row))
             req.row = None

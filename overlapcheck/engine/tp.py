@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
+from ..faults import FaultSet
 from . import events as E
 from .config import EngineConfig
 from .loop import Engine
@@ -121,4 +122,6 @@ def make_engine(cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = N
                 strict: bool = False) -> Engine:
     """The engine for ``cfg``: a ``TPEngine`` when ``cfg.tp > 1``, else an ``Engine``."""
     cls = TPEngine if cfg.tp > 1 else Engine
+    if FaultSet(cfg.faults).on("forward-thread-skipped"):
+        cls = TPEngine    # fault: one rank runs as one-rank tensor parallel (no forward thread)
     return cls(cfg, rt, model, observer, strict)
