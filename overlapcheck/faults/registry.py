@@ -254,7 +254,8 @@ _ENTRIES = (
           "past the last whole page of its key too (partly committed or reserved KV): the "
           "new node holds one page more than its key covers, or, where the tree already "
           "had the key, the pool counts a cached page no node holds; matches of a shorter "
-          "prefix and the pool's counts look right",
+          "prefix and the pool's counts look right (only a later match of the whole node "
+          "hands the extra page to a request, whose tokens then change)",
           "SGLang RadixCache.cache_finished_req: the KV indices inserted with a key not cut "
           "to the key's page-aligned length (the tail page goes to the tree with the key)",
           "pool-integrity", "prefix_cache, a finished request holding a page past the last "
