@@ -125,6 +125,9 @@ SHARED: Dict[str, str] = {
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",
     "kv-backup": "invariants.kv_backup:KVBackup",
     "runtime-memory": "invariants.runtime_memory:RuntimeMemory",
+    # what strict mode asserted, and the modes the config turns on
+    "pool-integrity": "invariants.pool_integrity:PoolIntegrity",
+    "config-effect": "invariants.config_effect:ConfigEffect",
 }
 
 

@@ -33,6 +33,7 @@ class Memory:
         # may still be read by a batch in flight
         self.tree = RadixCache(cfg.page_size) if cfg.prefix_cache else None
         self.done = -1
+        self.hits = 0       # admissions that reused a cached prefix (the snapshot's ``ran``)
 
     def _slots(self, pages: List[int]) -> Tuple[int, ...]:
         if self.kv.page_size == 1:     # a page is its slot
@@ -78,8 +79,8 @@ class Memory:
         """Match the longest cached prefix of a prefill's tokens (all but the last: the
         prefill must compute one position to sample from) and lock it, so that an
         eviction for this admission cannot take it; returns (node, pages)."""
+        self._locks_changing()      # a match may split a node
         node, pages = self.tree.match(pair_keys(toks, len(toks) - 1))
-        self._locks_changing()
         self.tree.lock(node)
         return node, pages
 
@@ -89,7 +90,8 @@ class Memory:
         self.tree.unlock(node, -1)
 
     def _locks_changing(self) -> None:
-        """Snapshot views of the lock counts read as they were before a lock changes."""
+        """Snapshot views of the lock counts and the tree's nodes read as they were
+        before a lock or a node changes."""
         if self.kv._views:
             self.kv._changing()
 
@@ -98,6 +100,7 @@ class Memory:
         """``req`` (row assigned) reuses the held prefix: its first pages are the tree's;
         returns the request->token cells to write for them."""
         req.prefix_node, req.shared, req.pages = node, len(pages), list(pages)
+        self.hits += 1
         slots = self._slots(pages)
         self.emit(E.PrefixLocked(it, bid, req.rid, slots))
         return [(req.row, i, s) for i, s in enumerate(slots)]
@@ -105,6 +108,7 @@ class Memory:
     def evict(self, n: int, it: int, bid: int) -> None:
         """Evict unlocked cached pages (least recently used leaves) until ``n`` went or
         none is left; a page a batch in flight may read is pending-free behind it."""
+        self._locks_changing()
         for pages, fence in self.tree.evict(n):
             until = fence if fence > self.done else None
             slots = self._slots(pages)
@@ -126,6 +130,10 @@ class Memory:
             n = min(req.committed, len(toks) - 1, len(req.pages) * ps) // ps * ps
             if n > shared * ps:
                 cand = req.pages[:n // ps]
+                if self.faults.on("radix-node-overcovers") and len(req.pages) > n // ps:
+                    # fault: the page past the last whole page of the key goes too
+                    cand = req.pages[:n // ps + 1]
+                self._locks_changing()
                 have = self.tree.insert(pair_keys(toks, n), cand, fence) // ps
                 new = cand[max(have, shared):]
                 if new:
@@ -172,6 +180,10 @@ class Memory:
             req.host_pages = []
         if req.row is not None:
             self.rows.release(req.row, req.rid)
+            if until is not None and self.faults.on("phantom-pool-row"):
+                # fault: the row of a request torn down in flight goes back a second
+                # time, at the bottom of the free stack (admission never reaches it)
+                self.rows.free.insert(0, req.row)
             self.dev.transfer_row(req.row, None)
             self.emit(E.RowReleased(it, bid, req.rid, req.row))
             req.row = None

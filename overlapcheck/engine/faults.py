@@ -233,6 +233,38 @@ _ENTRIES = (
          "'token_to_kv_pool memory leak' at idle)",
          "kv-accounting", "prefix_cache, overlap, a request that matched a cached prefix "
          "and finishes while riding the lagged batch"),
+    _zoo("phantom-pool-row", 26, "engine/accounting.py Memory.release",
+         "the request-pool row of a request torn down while it still rides an in-flight "
+         "batch goes back to the free list twice: at once, and again at the bottom of the "
+         "free stack, where admission (capped at max_running) never reaches it; the pool "
+         "lists more free rows than it has, free + held = total + 1 and growing, and "
+         "nothing the engine does changes",
+         "SGLang-style request-pool double free: ReqToTokenPool.free of a request's row "
+         "reached both on the tear-down and on the deferred release of an overlap batch; "
+         "the free-slot list outgrows the pool, and only a pool-size check at idle "
+         "can tell",
+         "pool-integrity", "overlap, a request finished, aborted or retracted while it "
+         "rides an unprocessed batch"),
+    _zoo("radix-node-overcovers", 27, "engine/accounting.py Memory._leave_tree",
+         "with the radix prefix cache, a finished request's insert hands the tree the page "
+         "past the last whole page of its key too (partly committed or reserved KV): the "
+         "new node holds one page more than its key covers, or, where the tree already "
+         "had the key, the pool counts a cached page no node holds; matches of a shorter "
+         "prefix and the pool's counts look right (only a later match of the whole node "
+         "hands the extra page to a request, whose tokens then change)",
+         "SGLang RadixCache.cache_finished_req: the KV indices inserted with a key not cut "
+         "to the key's page-aligned length (the tail page goes to the tree with the key)",
+         "pool-integrity", "prefix_cache, a finished request holding a page past the last "
+         "whole page of its committed KV (a decode reserve, a partial page)"),
+    _zoo("forward-thread-skipped", 28, "engine/tp.py make_engine",
+         "every engine is built as a tensor-parallel engine, one rank included; its step "
+         "runs begin_step/end_step on each rank and never hands a batch to the forward "
+         "thread, so a forward_thread config runs on one host thread: tokens, parity and "
+         "every race checker stay clean, and nothing says the mode did not run",
+         "a configured scheduling mode silently replaced by another code path (a launcher "
+         "routing every worker through the tensor-parallel driver, whose loop has no "
+         "forward thread): the mode's tests and campaigns exercise the other path",
+         "config-effect", "forward_thread (one rank), a batch launched"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}

@@ -50,6 +50,7 @@ class FutureRows:
 
     def __init__(self, cfg: EngineConfig, requests):
         self.size = cfg.max_running
+        self.assigned = 0                    # the ring's count: none here
 
     def assign(self, batch: Batch) -> List[Tuple[int, int]]:
         return [(e.row, e.row) for e in batch.entries]
@@ -75,6 +76,7 @@ class FutureRing:
         self.limit = ring_limit(cfg)
         self.size = future_slots(cfg)
         self.counter = 0                     # the last slot handed out
+        self.assigned = 0                    # batches given ring slots
         self.pending: Dict[int, int] = {}    # rid -> the slot holding its next input
         self.faults = FaultSet(cfg.faults)
 
@@ -107,6 +109,7 @@ class FutureRing:
             # size trusted: the counter hands out slots still pending
             limit, busy = 3 * self.cap, set()
         slots = self._take(padded(len(entries), self.cap), busy, limit)
+        self.assigned += 1
         out = []
         for e, s, d in zip(entries, src, slots):
             if batch.kind != PREFILL:

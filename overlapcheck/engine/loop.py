@@ -74,6 +74,11 @@ class Engine:
         self.rank, self.collective = 0, None   # tensor parallel (tp.TPEngine sets them)
         self.overlapping = False               # this step's decision (begin_step)
         self.steady_buffers = None             # runtime buffers held before the first step
+        # what the configured modes did (the snapshot's ``ran``): batches launched on the
+        # forward thread, steps overlapped, launches that pre-drafted a round (zero
+        # bubble), backed KV up, verified a tree of drafts
+        self.ran = dict.fromkeys(("forward_thread", "overlap", "zero_bubble", "kv_backup",
+                                  "tree"), 0)
         self.threads = None
         if cfg.forward_thread:
             self.threads = HostThreads(rt, self._on_queue)
@@ -146,10 +151,19 @@ class Engine:
                 batch.host_cells = self.mem.take_host_cells()
                 batch.host_slots = self.mem.host_slots(self.requests[e.rid] for e in batch.entries)
             ops = self.worker.launch(batch)
+            self._note_launch(ops)
             self.inflight.append(batch)
             self._emit(E.Launched(it, batch.bid, batch.kind, tuple(ops)))
         self.overlapping = self._overlaps(batch)
+        self.ran["overlap"] += self.overlapping
         return batch
+
+    def _note_launch(self, ops: List[str]) -> None:
+        """Count what a launch ran of the configured modes (``ran``)."""
+        ran = self.ran
+        ran["zero_bubble"] += "stash_drafts" in ops
+        ran["kv_backup"] += "backup_kv" in ops
+        ran["tree"] += "tree_compact" in ops
 
     def _overlaps(self, batch: Optional[Batch]) -> bool:
         """Keep ``batch`` in flight while processing the previous result? A decision
@@ -206,6 +220,7 @@ class Engine:
             self.inflight.append(batch)
             yield (PUT, self.threads.input, batch)
         self.overlapping = self._overlaps(batch)
+        self.ran["overlap"] += self.overlapping
         keep = 1 if self.overlapping else 0
         while len(self.inflight) > keep:
             done = yield (GET, self.threads.output)
@@ -224,6 +239,8 @@ class Engine:
             if batch.inputs is not None:
                 self._access(FORWARD, batch, "inputs", False)
             ops = self.worker.launch(batch)
+            self._note_launch(ops)
+            self.ran["forward_thread"] += 1
             self._declare_reads(FORWARD, batch.bid)
             self._emit(E.Launched(self.iteration, batch.bid, batch.kind, tuple(ops)))
             self._access(FORWARD, batch, "launch", True)
@@ -374,7 +391,7 @@ class Engine:
             r = unsettled[rid]
             inflight = tuple(r.inflight)
             st = req_state(rid, r.state, r.row, r.committed, len(r.pages) * ps,
-                           len(r.output), inflight)
+                           len(r.output), inflight, r.shared * ps)
             live.append(st)
             if not inflight:
                 if r.state in (FINISHED, ABORTED):   # settled: its state is final
@@ -405,7 +422,26 @@ class Engine:
             inflight=tuple(b.bid for b in self.inflight), rows_free=len(self.mem.rows.free),
             idle=self.idle, syncs=self.rt.syncs, declared_syncs=self.worker.declared_syncs,
             page_size=ps, row_width=self.cfg.row_width, rows_total=self.mem.rows.total,
-            live=live, **self._host_pool(), **self._buffers(), **self._cache())
+            live=live, **self._host_pool(), **self._buffers(), **self._cache(),
+            **self._integrity())
+
+    def _integrity(self) -> dict:
+        """The facts the pool-integrity checker holds together, and what the configured
+        modes ran (``Snapshot``)."""
+        rows, kv, host = self.mem.rows, self.mem.kv, self.mem.host
+        if host is None:
+            conflicts = kv.view(lambda: tuple(("kv", p, w) for p, w in kv.conflicts()))
+        else:
+            conflicts = kv.view(lambda: tuple(("kv", p, w) for p, w in kv.conflicts())
+                                + tuple(("host", p, w) for p, w in host.conflicts()))
+            host.view(conflicts.get)     # computed before the host pool changes too
+        return {"rows_free_list": tuple(rows.free), "rows_held": tuple(sorted(rows.owner.items())),
+                "page_conflicts": conflicts, "owned_by": kv.owned_rows(), "ran": self._ran()}
+
+    def _ran(self) -> tuple:
+        w = self.worker
+        return tuple(sorted({**self.ran, "verify_sync": w.host_sums, "ring": w.future.assigned,
+                             "prefix_cache": self.mem.hits, "tp": int(self.batches > 0)}.items()))
 
     def _buffers(self) -> dict:
         """Live runtime buffers and the steady set, for the runtime-memory checker."""
@@ -417,7 +453,8 @@ class Engine:
         if tree is None:
             return {}
         return {"cached": len(kv.cached) * self.cfg.page_size,
-                "cache_ledger": kv.view(lambda: kv.cache_rows(tree.page_locks()))}
+                "cache_ledger": kv.view(lambda: kv.cache_rows(tree.page_locks())),
+                "cache_nodes": kv.view(tree.nodes), "cache_pages": tree.pages}
 
     def _host_pool(self) -> dict:
         """The KV backup's host-pool counts for the snapshot (empty without kv_backup)."""
@@ -426,7 +463,8 @@ class Engine:
             return {}
         return {"host_total": host.total * ps, "host_free": host.free_pages * ps,
                 "host_pending": host.pending_pages * ps,
-                "host_ledger": host.view(host.ledger_rows, host.ledger_size())}
+                "host_ledger": host.view(host.ledger_rows, host.ledger_size()),
+                "host_owned_by": host.owned_rows()}
 
     def dispose(self) -> None:
         """Empty this engine (its parts point back at it): a finished run's object graph

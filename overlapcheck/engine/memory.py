@@ -44,6 +44,7 @@ class KVPool:
         self.total = cfg.pages
         self.free: List[int] = list(range(self.total, 0, -1))  # a stack: lowest page first
         self.owned: Dict[int, Owner] = {}
+        self.owned_by: Dict[RequestId, int] = {}   # pages in ``owned`` per request
         self.pending: Dict[BatchId, Dict[int, Owner]] = {}
         self.cached: Dict[int, Owner] = {}   # prefix cache: pages the tree holds (§4.13)
         self._views: list = []    # weak references to views of the pool as it is now
@@ -109,6 +110,7 @@ class KVPool:
         own = Owner(rid, purpose, step)     # immutable: one entry for every page
         for p in pages:
             self.owned[p] = own
+        self.owned_by[rid] = self.owned_by.get(rid, 0) + n
         return pages
 
     def release(self, pages: List[int], rid: RequestId, after: Optional[BatchId]) -> List[int]:
@@ -120,6 +122,7 @@ class KVPool:
             own = self.owned.get(p)
             if own is None or own.rid != rid:
                 raise ValueError(f"release of page {p} by request {rid}: owned by {own}")
+        self._disown(rid, len(pages))
         if after is not None:
             bucket = self.pending.setdefault(after, {})
             for p in pages:
@@ -139,6 +142,21 @@ class KVPool:
             if own is None or own.rid != rid:
                 raise ValueError(f"caching of page {p} by request {rid}: owned by {own}")
             self.cached[p] = self.owned.pop(p)
+        self._disown(rid, len(pages))
+
+    def _disown(self, rid: RequestId, n: int) -> None:
+        if not n:
+            return
+        left = self.owned_by[rid] - n
+        if left:
+            self.owned_by[rid] = left
+        else:
+            self.owned_by.pop(rid, None)
+
+    def owned_rows(self) -> tuple:
+        """(request, slots) of the owned slots per request, by request (the snapshot's
+        ``owned_by``)."""
+        return tuple(sorted((rid, n * self.page_size) for rid, n in self.owned_by.items()))
 
     def uncache(self, pages: List[int], after: Optional[BatchId]) -> List[int]:
         """Evicted pages leave the prefix cache: pending-free until batch ``after`` is
@@ -174,6 +192,23 @@ class KVPool:
         return out
 
     # -- integrity ---------------------------------------------------------------------
+    def conflicts(self) -> tuple:
+        """(page, the places that list it) for every page not in exactly one place
+        (free, owned, cached, pending): listed twice, in two places, in none, or outside
+        ``1..total``; by page. Empty for a consistent pool (the snapshot's
+        ``page_conflicts``, judged by the pool-integrity checker)."""
+        places: Dict[int, List[str]] = {}
+        for p in self.free:
+            places.setdefault(p, []).append("free")
+        for where, table in [("owned", self.owned), ("cached", self.cached)] + [
+                (f"pending(batch {b})", t) for b, t in self.pending.items()]:
+            for p in table:
+                places.setdefault(p, []).append(where)
+        out = [(p, tuple(w)) for p, w in places.items()
+               if len(w) != 1 or not 1 <= p <= self.total]
+        out += [(p, ()) for p in range(1, self.total + 1) if p not in places]
+        return tuple(sorted(out))
+
     def ledger(self) -> Dict[int, Owner]:
         """slot -> owner, for owned and pending-free slots."""
         out: Dict[int, Owner] = {}

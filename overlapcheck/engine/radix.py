@@ -185,6 +185,18 @@ class RadixCache:
             stack.extend(n.children.values())
         return out
 
+    def nodes(self) -> tuple:
+        """(serial, its parent's serial, positions its key covers, its pages, lock count,
+        the sum of its children's locks) of every node but the root (serial 1), by
+        serial (the snapshot's ``cache_nodes``)."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append((n.serial, n.parent.serial, len(n.key), tuple(n.pages), n.lock,
+                        sum(c.lock for c in n.children.values())))
+            stack.extend(n.children.values())
+        return tuple(sorted(out))
+
     def check_integrity(self) -> None:
         """Keys page aligned, pages one per key page, children keyed by their first page,
         a node's lock at least the sum of its children's, the page count right."""

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Dict, List, Optional
 
 from ..protocol import events as E
+from .faults import FaultSet
 from .config import EngineConfig
 from .loop import Engine
 from .types import Batch
@@ -97,8 +98,11 @@ class TPEngine(Engine):
 
     def snapshot(self) -> E.Snapshot:
         """Rank 0's state; host syncs are counted over the shared runtime, so the
-        declared ones are too."""
-        return dataclasses.replace(super().snapshot(), declared_syncs=self._declared())
+        declared ones are too; ``ran`` counts the ranks that launched a batch."""
+        snap = super().snapshot()
+        ranks = sum(r.batches > 0 for r in self.ranks)
+        return dataclasses.replace(snap, declared_syncs=self._declared(), ran=tuple(
+            (k, ranks if k == "tp" else n) for k, n in snap.ran))
 
     def result(self):
         res = super().result()
@@ -118,4 +122,6 @@ def make_engine(cfg: EngineConfig, rt, model, observer: Optional[E.Observer] = N
                 strict: bool = False) -> Engine:
     """The engine for ``cfg``: a ``TPEngine`` when ``cfg.tp > 1``, else an ``Engine``."""
     cls = TPEngine if cfg.tp > 1 else Engine
+    if FaultSet(cfg.faults).on("forward-thread-skipped"):
+        cls = TPEngine    # fault: one rank runs as one-rank tensor parallel (no forward thread)
     return cls(cfg, rt, model, observer, strict)

@@ -55,6 +55,7 @@ class SpecWorker:
         self.host_sum = cfg.overlap and cfg.spec and (
             cfg.verify_sync or self.faults.on("verify-sum-unwaited"))
         self._published = None   # (bid, parity, {rid: index}) of the newest publishing batch
+        self.host_sums = 0       # decode batches whose seq_lens_sum the host computed
         # KV canary on when asked for and the model tags its KV rows
         self.tags = C.tag_columns(model) if canary else None
         # the KV backup's canary (backup_check): spans kept, host pool read back
@@ -83,6 +84,7 @@ class SpecWorker:
         verify: the host waits for it (the declared verify sync) and reads them."""
         if not self.host_sum or batch.kind == PREFILL:
             return 0
+        self.host_sums += 1
         inp = batch.inputs
         known = (dict(inp.known) if inp is not None else
                  {e.rid: self.requests[e.rid].committed for e in batch.entries})

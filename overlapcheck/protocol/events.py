@@ -363,6 +363,8 @@ class ReqState:
     allocated: int
     output_len: int
     inflight: Tuple[BatchId, ...]
+    # slots of ``allocated`` that are the prefix cache's (its matched prefix, §4.13)
+    shared: int = 0
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ class Snapshot:
     once: nothing changes them until they leave the queue) — by id; None where the
     target does not say (read ``requests``). The
     reference engine computes ``ledger``, ``pending_slots``, ``requests``,
-    ``host_ledger`` and ``cache_ledger`` when first read (``LazyTuple``), so that a checker that reads the
+    ``host_ledger``, ``cache_ledger``, ``cache_nodes`` and ``page_conflicts`` when first read (``LazyTuple``), so that a checker that reads the
     per-step delta pays for the delta only."""
 
     total: int
@@ -408,6 +410,22 @@ class Snapshot:
     # holds, and per cached slot (slot, the request that wrote it, the tree's lock count)
     cached: int = 0
     cache_ledger: Tuple[Tuple[int, RequestId, int], ...] = ()
+    # integrity facts (the pool-integrity checker): request-pool rows as the pool lists
+    # them (its free list in order, and (row, request) of the rows it holds); the prefix
+    # cache's nodes (serial, parent's serial, positions its key covers, its pages, lock
+    # count, the sum of its children's locks) and the pages the tree counts; per KV and
+    # host-pool page not in exactly one place: (pool, page, the places that list it)
+    rows_free_list: Tuple[int, ...] = ()
+    rows_held: Tuple[Tuple[int, RequestId], ...] = ()
+    cache_nodes: Tuple[Tuple[int, int, int, Tuple[int, ...], int, int], ...] = ()
+    cache_pages: int = 0
+    page_conflicts: Tuple[Tuple[str, int, Tuple[str, ...]], ...] = ()
+    # (request, slots) the KV pool's (and the host pool's) ledger gives each request
+    owned_by: Tuple[Tuple[RequestId, int], ...] = ()
+    host_owned_by: Tuple[Tuple[RequestId, int], ...] = ()
+    # what the configured modes did so far, by name (the config-effect checker):
+    # batches launched on the forward thread, steps overlapped, rounds pre-drafted...
+    ran: Tuple[Tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
