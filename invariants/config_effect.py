@@ -4,7 +4,8 @@ The engine counts what its modes did (``Snapshot.ran``): batches launched on the
 thread, steps that kept a batch in flight, launches that pre-drafted a round (zero
 bubble), backed KV up (the KV backup), verified a tree of drafts, computed
 ``seq_lens_sum`` on the host (verify sync), took ring FutureMap slots; admissions that
-reused a cached prefix; ranks that launched a batch. At the end of the run each mode
+reused a cached prefix; logical ranks that launched a batch (a rank run as a process of
+its own, ``run --tp N --dist``, counts none). At the end of the run each mode
 the config (the context's ``engine_config``) turns on is held against its count, where
 the events show the workload made it reachable:
 
@@ -94,8 +95,8 @@ class ConfigEffect(Checker):
                   "steps that kept a batch in flight")
             check("future_map ring", cfg.future_map == "ring", "ring", launched,
                   "batches given ring FutureMap slots")
-            check(f"tp {cfg.tp}", cfg.tp > 1, "tp", launched, "ranks that launched a batch",
-                  cfg.tp)
+            check(f"tp {cfg.tp}", cfg.tp > 1 and "tp" in ran, "tp", launched,
+                  "ranks that launched a batch", cfg.tp)
         if self.decodes:
             check("zero_bubble", cfg.zero_bubble and cfg.spec, "zero_bubble", decoded,
                   "launches that pre-drafted a round")

@@ -261,7 +261,12 @@ def test_only_the_device_runtime_names_backends():
 def _function_source(path: str, qualname: str) -> str:
     src = open(path, encoding="utf-8").read()
     cls, _, name = qualname.rpartition(".")
-    for node in ast.walk(ast.parse(src)):
+    tree = ast.parse(src)
+    if not cls:     # a module-level function
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef) and n.name == name:
+                return ast.get_source_segment(src, n)
+    for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for n in node.body:
                 if isinstance(n, ast.FunctionDef) and n.name == name:

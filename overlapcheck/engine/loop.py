@@ -441,7 +441,7 @@ class Engine:
     def _ran(self) -> tuple:
         w = self.worker
         return tuple(sorted({**self.ran, "verify_sync": w.host_sums, "ring": w.future.assigned,
-                             "prefix_cache": self.mem.hits, "tp": int(self.batches > 0)}.items()))
+                             "prefix_cache": self.mem.hits}.items()))
 
     def _buffers(self) -> dict:
         """Live runtime buffers and the steady set, for the runtime-memory checker."""

@@ -98,11 +98,12 @@ class TPEngine(Engine):
 
     def snapshot(self) -> E.Snapshot:
         """Rank 0's state; host syncs are counted over the shared runtime, so the
-        declared ones are too; ``ran`` counts the ranks that launched a batch."""
+        declared ones are too; ``ran`` counts the ranks that launched a batch (``tp``: a
+        rank of its own process, ``--dist``, counts none)."""
         snap = super().snapshot()
         ranks = sum(r.batches > 0 for r in self.ranks)
-        return dataclasses.replace(snap, declared_syncs=self._declared(), ran=tuple(
-            (k, ranks if k == "tp" else n) for k, n in snap.ran))
+        return dataclasses.replace(snap, declared_syncs=self._declared(),
+                                   ran=tuple(sorted(snap.ran + (("tp", ranks),))))
 
     def result(self):
         res = super().result()
