@@ -157,7 +157,31 @@ def test_kill_9_loses_at_most_the_example_in_flight(tmp_path):
     reported = f.reported()
     _all_load(reported)      # every finding it had reported is on disk, whole
     assert replay(load(reported[0])).verdict == "reproduced"
+    # the write in flight may have left its part file, named by the killed process;
+    # the next campaign on the folder removes it and keeps every repro
+    parts = [n for n in os.listdir(f.out) if n.startswith(".tmp")]
+    assert all(f"-{f.p.pid}-" in n and n.endswith(".part") for n in parts), parts
+    before = {n: open(os.path.join(f.out, n)).read() for n in os.listdir(f.out)
+              if n.endswith(".yaml")}
+    said = []
+    Campaign(Options(seconds=None, examples=1, seed=3, faults=FAULT, out=f.out,
+                     progress=said.append)).run()
     assert not [n for n in os.listdir(f.out) if n.startswith(".tmp")]
+    assert all(open(os.path.join(f.out, n)).read() == text for n, text in before.items())
+    assert bool(parts) == any("killed campaign" in line for line in said), said
+
+
+def test_a_live_writers_part_file_is_kept(tmp_path):
+    """Two campaigns share ``--out``: one's sweep never takes the other's file in flight."""
+    from overlapcheck.repro.format import _temp_prefix, sweep_stale
+    live = tmp_path / (_temp_prefix() + "abc.part")
+    live.write_text("half")
+    dead = tmp_path / (_temp_prefix().rsplit("-", 2)[0] + "-999999999-abc.part")
+    dead.write_text("half")
+    other_host = tmp_path / ".tmp-elsewhere-999999999-abc.part"
+    other_host.write_text("half")
+    assert sweep_stale(str(tmp_path)) == [dead.name]
+    assert live.exists() and other_host.exists() and not dead.exists()
 
 
 def _boot() -> float:

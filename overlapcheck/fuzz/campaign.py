@@ -223,6 +223,12 @@ class Campaign:
         self._write_cost = 0.05    # seconds a repro takes to write (a running average)
         self._last_update = 0.0    # when a smaller case last replaced a repro
         self.db = open_database(opts.db, opts.shared_db, say=self._say)
+        if opts.out:    # part files of a campaign killed mid-write (kill -9) on this host
+            from ..repro.format import sweep_stale
+            gone = sweep_stale(opts.out)
+            if gone:
+                self._say(f"{opts.out}: removed {len(gone)} part file(s) a killed "
+                          f"campaign left mid-write")
         self.db_key = database_key(opts)
         self.replayed = 0      # saved examples the first run replayed
         self.strategy = case_strategy(opts)

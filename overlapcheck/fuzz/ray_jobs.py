@@ -250,6 +250,8 @@ def run_ray(opts: Options, address: str, slices: Optional[int] = None) -> dict:
     """Run the campaign ``opts`` as ``slices`` slices (default: the cluster's CPUs) on the
     Ray cluster at ``address``; the merged summary, with ``lost`` slices and per-slice
     attempts under ``ray``."""
+    if opts.on_begin is not None:
+        opts.on_begin()     # the slices keep the box from here (a cluster's start-up is theirs)
     t0, wall0 = time.monotonic(), time.time()
     deadline = None if opts.seconds is None else wall0 + opts.seconds
     started = connect(address)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -77,12 +78,57 @@ def dumps(r: Repro) -> str:
                      sort_keys=False, default_flow_style=None, width=100)
 
 
+def _temp_prefix() -> str:
+    """The name a writer's temporary files start with: its host and process, so that a
+    later writer can tell the part file of a killed one (``kill -9`` mid-write) from one
+    a live campaign sharing the folder is still writing (``sweep_stale``)."""
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
+    return f".tmp-{host}-{os.getpid()}-"
+
+
+def _mkstemp(folder: str):
+    return tempfile.mkstemp(prefix=_temp_prefix(), suffix=".part", dir=folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:          # another user's process: alive
+        return True
+    return True
+
+
+def sweep_stale(folder: str) -> List[str]:
+    """Remove the temporary files in ``folder`` that writers on this host left when they
+    were killed mid-write (their process is gone), and return their names. A part file
+    of a live process, or of another host sharing the folder, is left alone."""
+    host = _temp_prefix().split("-")[1]
+    gone = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for name in names:
+        parts = name.split("-")
+        if (not name.startswith(".tmp-") or not name.endswith(".part") or len(parts) < 4
+                or parts[1] != host or not parts[2].isdigit() or _alive(int(parts[2]))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            gone.append(name)
+        except OSError:
+            pass
+    return gone
+
+
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` so that a reader (or a crash) sees either the old
     file or the whole new one: a temporary file in the same folder, fsync, rename."""
     folder = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    fd, tmp = _mkstemp(folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -118,7 +164,7 @@ def write_new(folder: str, stem: str, suffix: str, text: str) -> str:
     reader never sees a part of one. Later versions of the file replace it in place
     (``write_atomic``)."""
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    fd, tmp = _mkstemp(folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from overlapcheck.watch import watch
+from sized_inputs import ids as _ids, mask as _mask, ngrams as _ngrams, rows as _rows
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -21,22 +22,6 @@ def quiet_log():
     logger.setLevel(logging.ERROR)
     yield
     logger.setLevel(level)
-
-
-def _ids():
-    return torch.tensor([1, 0, 2, 0, 3], device="cuda")
-
-
-def _mask():
-    return torch.tensor([True, False, True, True], device="cuda")
-
-
-def _rows():
-    return torch.arange(8.0, device="cuda").reshape(4, 2)
-
-
-def _ngrams():
-    return torch.tensor([[3, 4], [5, 6], [3, 4]], device="cuda")
 
 
 def _put(vals, mask, src):

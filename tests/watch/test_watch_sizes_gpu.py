@@ -11,28 +11,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.watch.mode import argument, plan_of
+from sized_inputs import ids as _ids, mask as _mask, ngrams as _ngrams, rows as _rows
 
 pytestmark = pytest.mark.gpu
 
 SYNCS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
          "cudaMemcpy", "cudaMemcpy2D", "cuStreamSynchronize", "cuCtxSynchronize"}
 WORK = ("cudaLaunch", "cuLaunch", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy2DAsync")
-
-
-def _ids():
-    return torch.tensor([1, 0, 2, 0, 3], device="cuda")
-
-
-def _mask():
-    return torch.tensor([True, False, True, True], device="cuda")
-
-
-def _rows():
-    return torch.arange(8.0, device="cuda").reshape(4, 2)
-
-
-def _ngrams():
-    return torch.tensor([[3, 4], [5, 6], [3, 4]], device="cuda")
 
 
 def _put(vals, key, value):
