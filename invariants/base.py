@@ -120,6 +120,7 @@ SHARED: Dict[str, str] = {
     "liveness": "invariants.liveness:Liveness",
     "rank-agreement": "invariants.rank_agreement:RankAgreement",
     "host-race": "invariants.host_race:HostRace",
+    "access-audit": "invariants.access_audit:AccessAudit",
     # oracles that do not trust the engine (docs/design.md §9.3)
     "golden": "invariants.golden:Golden",
     "accept-oracle": "invariants.accept_oracle:AcceptOracle",

@@ -3,7 +3,8 @@ stream<->stream, host<->stream (pinned buffers read before their copy landed, st
 buffers rewritten during a copy) and recycled torch storage.
 
 A pure consumer of the engine's ``RaceFound`` events (the runtime detector's reports);
-reuse of request-owned memory is kv-lifetime's.
+reuse of request-owned memory is kv-lifetime's, a launch's access outside its
+declaration access-audit's.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import List
 from overlapcheck.protocol import events as E
 from overlapcheck.race.report import rows_text
 
+from .access_audit import is_audit
 from .base import Checker, Violation
 from .kv_lifetime import facts, is_request_reuse
 
@@ -26,7 +28,7 @@ class StreamRace(Checker):
         rep = ev.report
         if hasattr(rep, "missing_edge"):
             return self._watched(ev, rep)
-        if is_request_reuse(rep):
+        if is_request_reuse(rep) or is_audit(rep):
             return []
         expected, seen = facts(rep)
         msg = (f"{rep.kind} race on '{rep.buffer}' {rows_text(rep.rows)}: "

@@ -144,3 +144,31 @@ def test_launches_run_on_their_stream_and_restore_the_callers_with_either_stream
             assert _stream_key(dev) == _stream_key() == ("stream", f.raw.stream_id), private
         assert _stream_key(dev) == ("stream", before.stream_id), private
         rt.free(buf)
+
+
+def test_a_fresh_allocation_fill_is_an_access_on_gpu():
+    """The poison fill runs on the allocating stream: a zeroing on another stream is a
+    stream-stream race unless that stream waits for the allocating one (as on the sim)."""
+    from overlapcheck.device.api import is_fill
+    for wait in (False, True):
+        rt, s, f, c = _rt()
+        table = rt.empty((4, 8), torch.int64, "req_to_token", f)
+        if wait:
+            s.wait_stream(f)
+        rt.launch(s, torch.Tensor.zero_, table.t, name="zero_table", writes=[table])
+        rt.synchronize()
+        fills = [r for r in rt.reports if is_fill(r.previous.op) or is_fill(r.current.op)]
+        assert bool(fills) == (not wait), [str(r) for r in rt.reports]
+
+
+def test_the_audit_reports_a_narrow_declaration_on_gpu():
+    """On cuda index rows hide on the device: a buffer left out of a declaration is
+    still reported."""
+    rt = make_runtime("cuda", access="audit")
+    f = rt.new_stream("forward")
+    a = rt.empty((4,), torch.int64, "a", f)
+    b = rt.empty((4,), torch.int64, "b", f)
+    rt.launch(f, lambda x, y: y.copy_(x), a.t, b.t, name="copy_ab", writes=[b])
+    rt.synchronize()
+    assert [(r.op, r.buffer) for r in rt.reports if r.kind == "undeclared-access"] == [
+        ("copy_ab", "a")]

@@ -125,6 +125,7 @@ def test_wrong_annotation_raises():
 def test_annotation_narrows_index_access():
     rt, s, f = _rt()
     kv = rt.empty((8, 2), torch.int64, "kv", s)
+    f.wait_stream(s)                    # after the allocation's poison fill on s
     rt.launch(s, lambda t, i: t.index_fill_(0, i, 1), kv.t, torch.tensor([0, 1]),
               writes=[kv.rows([0, 1])])
     rt.launch(f, lambda t, i: t.index_fill_(0, i, 2), kv.t, torch.tensor([5]),
@@ -145,6 +146,7 @@ def test_undeclared_buffer_raises():
 def test_view_geometry_narrows_without_annotation():
     rt, s, f = _rt()
     t = rt.empty((4, 3), torch.int64, "table", s)
+    f.wait_stream(s)                    # after the allocation's poison fill on s
     rt.launch(s, lambda x: x.fill_(1), t.t[0:2])
     rt.launch(f, lambda x: x.fill_(2), t.t[2:4])
     rt.synchronize()
@@ -512,3 +514,35 @@ def test_straight_runtime_raises_a_closure_error_at_the_next_host_call_as_the_si
     plain = run(SimRuntime(Eager(), detect=False, access="declared"))
     assert plain == ["launched", "boom", (True, True, [1, 2, 3, 4], 2, 1)]
     assert run(StraightRuntime()) == plain
+
+
+def test_a_fresh_allocation_fill_is_a_write_of_the_allocating_stream():
+    """The poison fill of fresh memory is the allocating stream's write (a fill kernel
+    there on a GPU): a zeroing on another stream races with it unless that stream waits
+    for the allocating one; a block the allocator hands back is not filled again, and
+    pinned memory is filled by the host, before anything can touch it."""
+    from overlapcheck.device.api import is_fill
+    for wait in (False, True):
+        rt, s, f = _rt()
+        table = rt.empty((4, 8), torch.int64, "req_to_token", f)
+        if wait:
+            s.wait_stream(f)
+        rt.launch(s, torch.Tensor.zero_, table.t, name="zero_table", writes=[table])
+        rt.synchronize()
+        if wait:
+            assert not rt.reports
+        else:
+            (r,) = rt.reports
+            assert r.kind == "stream-stream" and is_fill(r.previous.op)
+            assert (r.previous.op.name, r.current.op.name) == ("fill req_to_token", "zero_table")
+            assert r.previous.ctx_name == "f" and r.current.ctx_name == "s"
+    rt, s, f = _rt()
+    a = rt.empty((4,), torch.int64, "a", s)
+    rt.free(a)
+    s.synchronize()
+    b = rt.empty((4,), torch.int64, "b", s)     # the same block, stale: no fill
+    rt.launch(f, lambda x: x.fill_(3), b.t, name="w", writes=[b])
+    pin = rt.host_empty((4,), torch.int64, "pin")
+    rt.copy(pin, b, f, non_blocking=True)
+    rt.synchronize()
+    assert not [r for r in rt.reports if is_fill(r.previous.op) or is_fill(r.current.op)]

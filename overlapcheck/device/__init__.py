@@ -26,7 +26,7 @@ class DeviceInfo:
     collective: str       # torch.distributed backend of real tensor-parallel ranks
 
 
-ACCESS_MODES = ("infer", "declared")   # how the detector learns a launch's accesses
+ACCESS_MODES = ("infer", "declared", "audit")   # how the detector learns a launch's accesses
 
 DEVICES: Dict[str, DeviceInfo] = {
     "sim": DeviceInfo("sim", "overlapcheck.device.sim:SimRuntime", replayable=True,

@@ -19,7 +19,10 @@ The engine is written once against this API:
 accesses. With ``access="infer"`` (the default) every launch runs under the access
 inference mode, and declarations are checked against what the closure really did: an
 access outside them raises ``AnnotationError``. With ``access="declared"``, a launch
-that declares its accesses is not intercepted (the fast mode).
+that declares its accesses is not intercepted (the fast mode). With ``access="audit"``,
+a sample of the declared launches (``Runtime._audits``) is intercepted too, the
+declaration is fed to the detector as in the declared mode, and an access outside it is
+a report (``device/audit.py``), not an exception.
 """
 from __future__ import annotations
 
@@ -37,9 +40,20 @@ from .infer import AccessSet, InferMode
 
 
 _EMPTY: frozenset = frozenset()
+# access="audit": every launch of a name up to this many is audited, then those counted
+# 4, 16, 64, ... (``Runtime._audits``)
+AUDIT_FIRST = 2
 # how often (in detector accesses) records every later access is ordered after are
 # forgotten: without it, records of row sets no later access covers pile up (§3.5)
 _PRUNE_EVERY = 2048
+
+
+FILL = "fill "     # the op name of an allocation's poison fill is this and the buffer's
+
+
+def is_fill(op: OpInfo) -> bool:
+    """Is ``op`` an allocation's poison fill (``Runtime._fill``)?"""
+    return op.name.startswith(FILL)
 
 
 class AnnotationError(Exception):
@@ -215,6 +229,7 @@ class Runtime:
         self.host_twins = self.cpu_work and not self.graphs
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
         self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
+        self._audit_seen: Dict[str, int] = {}   # access="audit": launches so far, by name
 
     def dispose(self) -> None:
         """Empty this runtime (its streams and events point back at it): a finished
@@ -366,6 +381,31 @@ class Runtime:
             self._by_storage.pop(buf.ptr, None)
         if self.det is not None:
             self.det.free(buf.mem, [s.ctx for s in buf.pledged])
+
+    def _fill(self, buf: Buffer, stream: Optional[Stream] = None) -> None:
+        """The poison fill of a fresh allocation (``buffers.poison_value``), an access like
+        any other: a write of the whole buffer by the allocating ``stream`` (device memory,
+        a fill kernel queued there on a GPU; its clock is the stream's joined with the
+        host's, as the host's enqueue gives it, without moving either) or by the host
+        (``stream`` None: pinned and pageable memory, filled before the allocation
+        returns). So work on another stream that touches the buffer, a zeroing included,
+        must be ordered after the allocating stream. A block the allocator hands back is
+        not filled (it keeps its stale values) and makes no access."""
+        det = self.det
+        if det is None:
+            return
+        info = self._info(FILL + buf.name, False, 4)
+        if stream is None:
+            rep = det.access_all(0, None, info, ((buf.mem, True, None),), False)
+        else:
+            clock = list(det.clocks[stream.ctx])
+            for i, v in enumerate(det.clocks[0]):
+                if i >= len(clock):
+                    clock.append(v)
+                elif v > clock[i]:
+                    clock[i] = v
+            rep = det.access_all(stream.ctx, clock, info, ((buf.mem, True, None),), False)
+        self._raise_on(rep)
 
     def _next_serial(self) -> int:
         self._serial += 1
@@ -603,13 +643,18 @@ class Runtime:
         """Run ``fn`` (with interception when needed) and feed its accesses."""
         if self.det is None:
             return self._call(fn, args, kwargs)
-        if declared is not None and self.access == "declared":
+        if declared is not None and (self.access == "declared"
+                                     or (self.access == "audit" and not self._audits(op))):
             out = self._call(fn, args, kwargs)
             self._feed(ctx, clock, op, None, declared)
             return out
         mode = InferMode(self._by_storage, self.exact_rows)
         with mode:
             out = fn(*args, **kwargs)
+        if declared is not None and self.access == "audit":
+            self._audit(mode.acc, declared, ctx, op)
+            self._feed(ctx, clock, op, None, declared)   # the declared mode's verdicts
+            return out
         if mode.acc.hazards:
             raise DuplicateWriteError(f"launch '{op.name}': indexed write into "
                                       f"{mode.acc.hazards[0]}; its result depends on the "
@@ -618,6 +663,26 @@ class Runtime:
             self._check_declared(mode.acc, declared, op.name)
         self._feed(ctx, clock, op, mode.acc, declared)
         return out
+
+    def _audits(self, op: OpInfo) -> bool:
+        """Is this launch of ``op.name`` audited? Its first ``AUDIT_FIRST`` launches of
+        the run, then those counted 4, 16, 64, ... from 0 (in the order they run, which
+        is the order they were issued in, one stream per name): a declaration wrong by
+        construction shows at once, one wrong for some batches only is sampled at
+        growing intervals, and a run costs the audit a handful of intercepted launches
+        per kernel rather than all of them (an intercepted launch costs about ten times
+        a plain one; the campaign audits a quarter of its examples)."""
+        seen = self._audit_seen
+        n = seen.get(op.name, 0)
+        seen[op.name] = n + 1
+        return n < AUDIT_FIRST or not (n & (n - 1) or n & 0xAAAAAAAAAAAAAAAA)
+
+    def _audit(self, acc: AccessSet, declared: dict, ctx: int, op: OpInfo) -> None:
+        """``access="audit"``: what the kernel touched outside its declaration, as
+        reports among the detector's (``device/audit.py``)."""
+        from .audit import undeclared
+        name = next((s.name for s in self.streams if s.ctx == ctx), f"context {ctx}")
+        self.det.reports.extend(undeclared(acc, declared, op, name))
 
     def _host_rows(self, buf: Buffer, rows, write: bool, what: str):
         """Check and record a host read or write of a pinned or pageable buffer."""

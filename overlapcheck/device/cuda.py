@@ -116,7 +116,8 @@ class CudaRuntime(Runtime):
         try:
             t = torch.empty(tuple(shape), dtype=dtype, device="cuda")
             mem = self._freed.pop(t.untyped_storage().data_ptr(), None)
-            if mem is None:
+            fresh = mem is None
+            if fresh:
                 # fresh memory is poison-filled; a block the caching allocator hands back
                 # stays stale, as on the sim. A fill there would also be wrong on a GPU:
                 # a racing reader of the block (a planted race, or the engine's own) would
@@ -126,14 +127,19 @@ class CudaRuntime(Runtime):
                 mem = self._mem
         finally:
             self._off(prev)
-        # The poison fill is part of the allocation, as on the sim: not an access.
-        return self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
+        buf = self._register(Buffer(name, t, DEVICE, mem, self._next_serial(), stream))
+        if fresh and self.det is not None:
+            self._fill(buf, stream)   # the fill kernel on the allocating stream, as on the sim
+        return buf
 
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         t = torch.full(tuple(shape), poison_value(dtype), dtype=dtype, pin_memory=pinned)
         self._mem += 1
-        return self._register(Buffer(name, t, PINNED if pinned else PAGEABLE, self._mem,
-                                     self._next_serial()))
+        buf = self._register(Buffer(name, t, PINNED if pinned else PAGEABLE, self._mem,
+                                    self._next_serial()))
+        if self.det is not None:
+            self._fill(buf)           # filled by the host, as on the sim
+        return buf
 
     def free(self, buf: Buffer) -> None:
         self._unregister(buf, keep_lookup=False)

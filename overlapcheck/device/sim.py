@@ -9,7 +9,8 @@
   on a never-recorded event is a no-op, ``query()`` on a never-recorded event is
   true; ``non_blocking`` copies are asynchronous only between device and pinned
   memory, other copies are synchronous.
-* Fresh device and pinned buffers are poison-filled. A freed device buffer goes back
+* Fresh device and pinned buffers are poison-filled (the fill is a write by the
+  allocating stream, or by the host for pinned memory: ``Runtime._fill``). A freed device buffer goes back
   to its allocation stream's pool and is handed, stale, to the next allocation of the
   same size on that stream; a buffer pledged to other streams with ``record_stream``
   is reused only once the host knows their work queued by the free is done.
@@ -646,7 +647,10 @@ class SimRuntime(Runtime):
         else:
             t, mem, ptr = got
         self._serial += 1
-        return self._register(Buffer(name, t, DEVICE, mem, self._serial, stream), ptr)
+        buf = self._register(Buffer(name, t, DEVICE, mem, self._serial, stream), ptr)
+        if got is None and self.det is not None:
+            self._fill(buf, stream)      # the poison fill: the allocating stream's write
+        return buf
 
     def _reuse(self, key, shape):
         """A freed block of ``key`` (stream, elements, dtype) the host may hand out now
@@ -671,8 +675,11 @@ class SimRuntime(Runtime):
     def host_empty(self, shape, dtype, name: str, pinned: bool = True) -> Buffer:
         self._point()
         t, mem = self._fresh(shape, dtype, PINNED if pinned else PAGEABLE)
-        return self._register(Buffer(name, t, PINNED if pinned else PAGEABLE, mem,
-                                     self._next_serial()))
+        buf = self._register(Buffer(name, t, PINNED if pinned else PAGEABLE, mem,
+                                    self._next_serial()))
+        if self.det is not None:
+            self._fill(buf)              # the poison fill: the host's write
+        return buf
 
     def free(self, buf: Buffer) -> None:
         """Give ``buf`` back: device memory to its stream's pool (reused by a later

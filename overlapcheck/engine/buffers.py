@@ -12,6 +12,7 @@ import torch
 
 from ..protocol.canary import CANARY
 from .config import EngineConfig
+from .faults import FaultSet
 from .future_map import future_slots
 from .kernels import meta_width
 
@@ -30,7 +31,8 @@ class DeviceState:
         # padding slot, not an out-of-range index); in order before every table write.
         # On a GPU the allocation's poison fill is a kernel on the forward stream: the
         # zeroing on the schedule stream must come after it.
-        self.sched.wait_stream(self.fwd)
+        if not FaultSet(cfg.faults).on("zeroing-without-fill-wait"):   # fault: no wait
+            self.sched.wait_stream(self.fwd)
         rt.launch(self.sched, torch.Tensor.zero_, self.table.t, name="zero_table",
                   writes=[self.table])
         # FutureMap: slots indexed by request-pool row or ring slot (future_map.py),
@@ -76,8 +78,10 @@ class DeviceState:
         """The KV backup stream, its host pool and request->host-pool table (kv_backup)."""
         i64 = torch.int64
         self.backup = rt.new_stream("backup")
+        # allocated (and poison-filled) on the forward stream: the forward reads it back
+        # (check_backup) and the backup stream writes it only after the forward's done event
         self.host_kv = rt.empty((cfg.pool_tokens, kv_width), kv_dtype or i64, "host_kv_pool",
-                                self.backup)
+                                self.fwd)
         self.host_table = rt.empty((cfg.max_running, cfg.row_width), i64, "req_to_host",
                                    self.fwd)
         self.sched.wait_stream(self.fwd)          # after its poison fill (see the table)

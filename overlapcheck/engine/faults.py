@@ -265,6 +265,23 @@ _ENTRIES = (
          "routing every worker through the tensor-parallel driver, whose loop has no "
          "forward thread): the mode's tests and campaigns exercise the other path",
          "config-effect", "forward_thread (one rank), a batch launched"),
+    _zoo("declared-kv-slots-shrunk", 29, "engine/scheduler.py Scheduler._batch",
+         "the batch's KV slots, the host's upper bound of what its forward may touch and "
+         "what every KV launch declares, are cut to the padding slot {0}: the kernels still "
+         "read and write the requests' slots, and the race detector, fed the declarations, "
+         "sees none of those accesses (every KV race and reuse is hidden)",
+         "a scheduler refactor that narrows the slot set passed to the attention metadata "
+         "and the race tooling (annotations trusted, never audited): declared accesses "
+         "narrower than the kernel's",
+         "access-audit", "an audited run (the fuzzer audits a quarter of its examples); any "
+         "batch with KV"),
+    _zoo("zeroing-without-fill-wait", 31, "engine/buffers.py DeviceState.__init__",
+         "the schedule stream does not wait for the forward stream before zeroing the "
+         "request->token table, whose allocation poison-filled it on the forward stream: "
+         "the zeroing and the fill are unordered, and a table cell may keep the poison",
+         "zero-initialised index tables (req_to_token) allocated on one stream and "
+         "cleared on another without a stream wait (a fill kernel and a memset racing)",
+         "stream-race", "any run (the tables are allocated and zeroed at start)"),
 )
 
 FAULTS: Dict[str, Fault] = {f.name: f for f in _ENTRIES}

@@ -226,6 +226,8 @@ class Scheduler:
             else:
                 for p in pages:
                     slots.update(range(p * ps, (p + 1) * ps))
+        if self.faults.on("declared-kv-slots-shrunk"):   # fault: declarations see slot 0 only
+            slots = {0}
         return Batch(bid, it, kind, entries, cells, frozenset(slots))
 
     # -- retraction -----------------------------------------------------------------------

@@ -54,6 +54,7 @@ class ReferenceTarget(Target):
     install = "pip install overlapcheck"
     case_strategy = "overlapcheck.fuzz.strategies:cases"
     case_options = ("models", "draft_kinds", "logical_ranks")
+    audits = True
 
     @property
     def config_type(self):

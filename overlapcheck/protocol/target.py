@@ -143,6 +143,9 @@ class Target:
     #: its engine's own log lines go to ``targets.logs.path()`` when one is set (a
     #: campaign sets ``--out``/engine-logs): the campaign says where
     engine_logs = False
+    #: its runs can audit their launches' declared accesses (``Case.audit``, the run
+    #: option ``access="audit"``)
+    audits = False
 
     def version(self) -> str:
         """The installed engine's version; ``TargetUnavailable`` when it is missing or

@@ -99,6 +99,9 @@ class Case:
     checks: Tuple[str, ...] = ()          # empty: every checker that applies
     faults: Tuple[str, ...] = ()
     target: str = "reference"
+    # the runtime also infers each declared launch's accesses and reports what its
+    # declaration leaves out (``device/audit.py``); a target that audits (``audits``)
+    audit: bool = False
 
     def to_dict(self) -> dict:
         from .. import targets
@@ -108,6 +111,8 @@ class Case:
              "checks": list(self.checks), "faults": list(self.faults)}
         if self.target != "reference":
             d = {"target": self.target, **d}
+        if self.audit:        # written only when on: other cases' repros stay as they were
+            d["audit"] = True
         return d
 
     @staticmethod
@@ -115,7 +120,7 @@ class Case:
         """A validated case. ``schema`` 1 (before targets) also had a ``seed`` field
         that no run read: it is accepted there and ignored."""
         from .. import targets
-        allowed = {"target", "config", "workload", "schedule", "checks", "faults"}
+        allowed = {"target", "config", "workload", "schedule", "checks", "faults", "audit"}
         d = _mapping(d, "case", allowed | ({"seed"} if schema == 1 else set()))
         for key in ("config", "workload"):
             if key not in d:
@@ -146,7 +151,13 @@ class Case:
             check_names(checks)
         except ValueError as e:
             raise CaseError(f"checks: {e}") from None
-        return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})), checks, faults, name)
+        audit = d.get("audit", False)
+        if not isinstance(audit, bool):
+            raise CaseError(f"audit: expected true or false, got {audit!r}")
+        if audit and not getattr(target, "audits", False):
+            raise CaseError(f"audit: the {name} target does not audit its launches")
+        return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})), checks, faults, name,
+                    audit)
 
 
 def _mapping(d, where: str, allowed) -> dict:

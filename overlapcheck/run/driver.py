@@ -210,6 +210,10 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
     leaves them later."""
     target = targets.get(case.target)
     names = checker_names(case)
+    if case.audit and getattr(target, "audits", False) and not options.get("graphs"):
+        # the launches' declarations audited (a CUDA graph's kernels are hidden from
+        # interception: graphed runs take declarations only, §4.9)
+        options.setdefault("access", "audit")
     run_device = (options["runtime"].backend if options.get("runtime") is not None
                   else options.get("device", "sim"))
     ref_device = target.reference_device(case.config, run_device, options.get("model"))
