@@ -14,6 +14,11 @@ O(context), and a long run's steps do not grow slower with its contexts); a shor
 read (after a retraction) is summed from the start. A result only appends its
 tokens, so a model without canary records pays nearly nothing here.
 
+With a draft kind that keeps KV rows with tags (EAGLE's KV, a standalone draft's;
+``Canary.draft``), the same holds for them: each row the draft keeps (positions
+0..n-1 of the record) is tagged with its own (request, position), and holds the
+request's token at position + shift (EAGLE's pair at p holds the token at p + 1).
+
 Context: ``kv_tags`` False (the model's KV has no tags: no record will come, e.g. the
 real-architecture models) makes it idle; the reference target says so for its model.
 """
@@ -22,7 +27,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from overlapcheck.protocol import events as E
-from overlapcheck.protocol.canary import C_BAD, C_DIGEST, C_LEN
+from overlapcheck.protocol.canary import (C_BAD, C_DIGEST, C_LEN, DK_BAD, DK_DIGEST, DK_LEN,
+                                          DK_SHIFT)
 from overlapcheck.protocol.digest import DIGEST_M, weight
 
 from .base import Checker, Violation
@@ -55,6 +61,9 @@ class KVCanary(Checker):
         # per request: (batch, committed length) of its kept verify whose record is due
         # (a record comes right after its entry's result: ``events.Canary``)
         self.kept: Dict[int, Tuple[int, int]] = {}
+        # the draft KV's rows (``Canary.draft``): per request, the mark of ``digest``
+        # for the tokens shifted by the draft's shift
+        self.dmark: Dict[int, Tuple[int, int]] = {}
 
     def on_Arrived(self, ev: E.Arrived):
         if ev.spec is not None:
@@ -80,6 +89,33 @@ class KVCanary(Checker):
             self.mark[rid] = (n, h)
         return h
 
+    def draft_digest(self, rid: int, n: int, shift: int) -> Optional[int]:
+        """``events.token_digest`` of the tokens a draft KV holds at positions 0..n-1
+        (the request's tokens ``shift``.. ``shift + n - 1`` at those positions), or None
+        while the host does not know them all; kept like ``digest`` (one shift a run)."""
+        toks = self.tokens.get(rid)
+        if toks is None or n + shift > len(toks):
+            return None
+        start, h = self.dmark.get(rid, (0, 0))
+        longer = n >= start
+        if not longer:
+            start, h = 0, 0
+        w = _WEIGHTS
+        if len(w) < n:
+            _grow_weights(n)
+        for p in range(start, n):
+            h = (h + toks[p + shift] * w[p]) % DIGEST_M
+        if longer:
+            self.dmark[rid] = (n, h)
+        return h
+
+    def _draft_ok(self, rid: int, rec) -> bool:
+        """A draft KV record (``DK_*`` columns of ``rec``) with nothing to report."""
+        if rec[DK_BAD] or rec[DK_LEN] < 0:
+            return False
+        want = self.draft_digest(rid, rec[DK_LEN], rec[DK_SHIFT])
+        return want is None or want == rec[DK_DIGEST]
+
     def on_Prefilled(self, ev: E.Prefilled):
         if not ev.dropped and ev.token >= 0 and ev.rid in self.tokens:
             self.tokens[ev.rid].append(ev.token)
@@ -97,7 +133,8 @@ class KVCanary(Checker):
         if not ev.bad and n >= 0 and (exp is None or exp == n):
             # nearly every record: a good one, told apart without building a message
             toks = self.tokens.get(rid)
-            if toks is None or n > len(toks) or self.digest(rid, n) == ev.digest:
+            if (toks is None or n > len(toks) or self.digest(rid, n) == ev.digest) and (
+                    not ev.draft or self._draft_ok(rid, (0,) * DK_LEN + tuple(ev.draft))):
                 return []
         return self._check(ev, exp)
 
@@ -124,7 +161,8 @@ class KVCanary(Checker):
             rec = records[i]
             n = rec[C_LEN]
             if not rec[C_BAD] and n >= 0 and (exp is None or exp == n) and (
-                    toks is None or n > len(toks) or self.digest(rid, n) == rec[C_DIGEST]):
+                    toks is None or n > len(toks) or self.digest(rid, n) == rec[C_DIGEST]) and (
+                    not ev.draft or self._draft_ok(rid, rec)):
                 continue
             p = ev.position(i, canary=True)
             out += [(p, v) for v in self._check(ev.canary(i), exp)]
@@ -165,6 +203,8 @@ class KVCanary(Checker):
                     f"token digest {want} of the committed tokens",
                     f"token digest {ev.digest} of the KV read", ("token-digest",),
                     {"rid": ev.rid, "read_len": ev.read_len}))
+        if ev.draft:
+            out += self._check_draft(ev, where)
         if exp is not None and exp != ev.read_len:
             out.append(Violation(
                 self.name, ev.iteration, f"forward of {where} read a committed length the host "
@@ -172,3 +212,36 @@ class KVCanary(Checker):
                 f"{ev.read_len} positions read", ("committed-length",),
                 {"rid": ev.rid, "expected": exp, "seen": ev.read_len}))
         return out
+
+    def _check_draft(self, ev: E.Canary, where: str) -> List[Violation]:
+        """The draft KV's rows (``ev.draft``): each kept row holds the (request, position)
+        it stands at and the request's token at position + shift."""
+        n, bad, slot, pos, tok, kpos, rid, digest, shift = ev.draft
+        toks = self.tokens.get(ev.rid)
+        if n < 0 or bad < 0 or bad > max(n, 0):
+            return [Violation(
+                self.name, ev.iteration, f"the draft KV canary record of {where} is not one "
+                f"a forward wrote", "0 <= mismatching rows <= rows read",
+                f"rows read {n}, mismatching rows {bad}", ("draft-garbled-record",),
+                {"rid": ev.rid, "read_len": n, "bad": bad})]
+        if bad:
+            want = f"request {ev.rid}, position {pos}"
+            if toks is not None and 0 <= pos + shift < len(toks):
+                want += f", token {toks[pos + shift]}"
+            kind = "draft-stale-own-slot" if rid == ev.rid else "draft-foreign-slot"
+            return [Violation(
+                self.name, ev.iteration, f"draft KV of {where}: {bad} of the {n} rows it keeps "
+                f"hold another (request, position); first: slot {slot} at position {pos}",
+                f"slot {slot} holds ({want})",
+                f"slot {slot} holds (request {rid}, position {kpos}, token {tok})", (kind,),
+                {"rid": ev.rid, "slot": slot, "position": pos, "found": (tok, kpos, rid),
+                 "shift": shift})]
+        want = self.draft_digest(ev.rid, n, shift)
+        if want is not None and want != digest:
+            return [Violation(
+                self.name, ev.iteration, f"draft KV of {where} holds tokens that are not the "
+                f"request's at positions {shift}..{n + shift - 1}",
+                f"token digest {want} of the committed tokens", f"token digest {digest} of the "
+                f"draft KV's rows 0..{n - 1}", ("draft-token-digest",),
+                {"rid": ev.rid, "read_len": n, "shift": shift})]
+        return []

@@ -11,7 +11,7 @@ from invariants.access_audit import AccessAudit
 from overlapcheck.device import make_runtime
 from overlapcheck.device.audit import UNDECLARED, AuditReport
 from overlapcheck.engine import EngineConfig, generate
-from overlapcheck.engine import events as E
+from overlapcheck.protocol import events as E
 from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.run.case import CaseError
 

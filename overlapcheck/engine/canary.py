@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..protocol.canary import C_BAD, C_DIGEST, C_KPOS, C_LEN, C_POS, C_RID, C_SLOT, C_TOK
+from ..protocol.canary import (C_BAD, C_DIGEST, C_KPOS, C_LEN, C_POS, C_RID, C_SLOT, C_TOK,
+                               DK_DIGEST, DK_LEN, DK_SHIFT)
 from ..protocol.digest import DIGEST_M, weight
 from .kernels import N, RID, ROW, START
 
@@ -52,3 +53,24 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     out[:b, C_KPOS] = at[:, pos_c]
     out[:b, C_RID] = at[:, rid_c]
     out[:b, C_DIGEST] = torch.where(mask, terms, 0).sum(1) % DIGEST_M
+
+
+def draft_canary(kv, table, meta, lens, out, tags, b, prefill, pfx, shift):
+    """Forward stream: the ``DK_*`` columns of ``out[:b]``, the canary of a draft KV
+    ``kv`` whose tag columns are ``tags`` and whose row at position p holds the token at
+    p + ``shift``: the rows of positions ``0..n-1`` the draft kept, ``n`` the committed
+    length for a decode (the rows before it were written by earlier draft-extends or the
+    prefill), the context less ``shift`` for a prefill chunk (an EAGLE pair needs the
+    token after it)."""
+    m = meta[:b]
+    n = (m[:, START] + m[:, N] - shift).clamp(min=0) if prefill else lens[:b]
+    canary(kv, table, meta, n, out[:, DK_LEN:DK_DIGEST + 1], tags, b, False, pfx)
+    out[:b, DK_SHIFT] = shift
+
+
+def canary_with_draft(kv, table, meta, lens, out, tags, b, prefill, pfx, dkv, dtags, shift):
+    """``canary`` of the target KV, then ``draft_canary`` of the draft KV ``dkv``: one
+    launch, as the canary was before the draft KV had one (the same device work in the
+    same order, so a schedule recorded then replays)."""
+    canary(kv, table, meta, lens, out, tags, b, prefill, pfx)
+    draft_canary(dkv, table, meta, lens, out, dtags, b, prefill, pfx, shift)

@@ -43,6 +43,10 @@ class Drafter(Protocol):
     #: a draft KV buffer at the target's slot indices that the prefill fills next to the
     #: target's (standalone); None when the kind fills its KV itself or has none
     kv: object
+    #: the KV the kind keeps for the KV canary: (buffer, its tag columns, the shift of its
+    #: tokens: the row at position p holds the token at p + shift), or None (no KV of its
+    #: own, or rows without tags)
+    canary_kv: object
 
     def __init__(self, dev, model) -> None: ...
 

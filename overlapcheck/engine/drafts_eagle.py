@@ -97,6 +97,20 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
     fm_hid[dest] = g.to(fm_hid.dtype)
 
 
+def eagle_extend_tagged_ahead(model, head, kv, ekv, table, meta, lens, out_tok, out_acc,
+                              fm_draft, fm_hid, width, b, by_position=False, dst=ROW, topk=1):
+    """``eagle_extend`` under the fault ``eagle-kv-tag-wrong``: the accepted positions'
+    rows are tagged with the position of the token each holds (p + 1), not their own."""
+    eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
+                 width, b, by_position, dst, topk)
+    m = meta[:b]
+    offs = torch.arange(width, device=kv.device)
+    pos = lens[:b].unsqueeze(1) + offs
+    keep = offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)
+    slots = table[m[:, ROW].unsqueeze(1).expand(b, width), pos][keep]
+    ekv[slots, head.kv_tag_columns[1]] = pos[keep] + 1
+
+
 def _k(topk: int) -> dict:
     """The head's ``topk`` argument: none for a chain (its calls stay as they were)."""
     return {"topk": topk} if topk > 1 else {}
@@ -140,6 +154,10 @@ class EagleDraft:
         self.ekv = rt.empty((cfg.pool_tokens, self.head.kv_width), self.head.kv_dtype,
                             "eagle_kv", dev.fwd)
         dev.kv_buffers.append(self.ekv)
+        # the KV canary of its rows (position p holds the token at p + 1), where the head
+        # tags them
+        tags = getattr(self.head, "kv_tag_columns", None)
+        self.canary_kv = (self.ekv, tags, 1) if tags else None
         # FutureMap rows of the next step's draft input
         self.topk = cfg.topk if cfg.tree else 1     # tree drafts: a depth's candidates
         shape = (dev.fm_slots,) if self.topk == 1 else (dev.fm_slots, self.topk)
@@ -207,7 +225,10 @@ class EagleDraft:
         # request-pool row: the next step resolves another request's draft input
         by_pos = self.faults.on("eagle-stash-batch-position")
         dest = range(b) if by_pos else st.fdst
-        rt.launch(dev.fwd, eagle_extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
+        # fault: the rows' position tags are those of the tokens they hold (p + 1)
+        extend = (eagle_extend_tagged_ahead if self.faults.on("eagle-kv-tag-wrong")
+                  and self.canary_kv is not None else eagle_extend)
+        rt.launch(dev.fwd, extend, self.model, self.head, dev.target_kv.t, self.ekv.t,
                   dev.table.t, meta.t, dev.lens.t, st.out_tok.t, st.out_acc.t, self.fm_draft.t,
                   self.fm_hid.t, dev.cfg.spec_steps + 1, b, by_pos, st.dst, self.topk,
                   name="draft_extend",

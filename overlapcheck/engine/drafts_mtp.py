@@ -70,6 +70,9 @@ class MTPDraft:
     kind = "mtp"
     owns_kv = False
     kv = None   # no draft KV at all
+    # nothing of its own for the KV canary: its drafts read the target KV's committed
+    # rows, which the target's canary covers
+    canary_kv = None
 
     def __init__(self, dev, model):
         self.dev, self.model, self.head = dev, model, model.head("mtp")

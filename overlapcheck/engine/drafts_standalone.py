@@ -22,6 +22,9 @@ class StandaloneDraft:
         self.kv = dev.rt.empty((cfg.pool_tokens, getattr(model, "draft_kv_width", model.kv_width)),
                                getattr(model, "kv_dtype", torch.int64), "draft_kv", dev.fwd)
         dev.kv_buffers.append(self.kv)
+        # the KV canary of its rows, where the draft model tags them as the target does
+        tags = getattr(model, "draft_kv_tag_columns", getattr(model, "kv_tag_columns", None))
+        self.canary_kv = (self.kv, tags, 0) if tags else None
 
     def launch_prefill(self, st, meta, b: int) -> List[str]:
         """Nothing beyond the prefill's own write of the draft KV (``self.kv``)."""

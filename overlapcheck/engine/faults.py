@@ -275,6 +275,16 @@ _ENTRIES = (
          "narrower than the kernel's",
          "access-audit", "an audited run (the fuzzer audits a quarter of its examples); any "
          "batch with KV"),
+    _zoo("eagle-kv-tag-wrong", 30, "engine/drafts_eagle.py EagleDraft.launch_extend",
+         "the draft-extend writes the accepted positions' EAGLE KV rows with the position "
+         "tag of the token each holds (p + 1: an EAGLE pair at p holds the token at p + 1) "
+         "instead of the row's own position p; the head reads only the token and feature "
+         "columns, so drafts, accept lengths and tokens stay the same",
+         "EAGLE draft-extend writing its KV with positions shifted by one (the pair's "
+         "token position instead of its own: RoPE positions off by one in the draft KV, "
+         "accept length drops on real heads, no crash)",
+         "kv-canary", "draft kind eagle, spec, a request decoding in two batches (the "
+         "second batch's canary reads the rows the first one's draft-extend wrote)"),
     _zoo("zeroing-without-fill-wait", 31, "engine/buffers.py DeviceState.__init__",
          "the schedule stream does not wait for the forward stream before zeroing the "
          "request->token table, whose allocation poison-filled it on the forward stream: "

@@ -737,6 +737,20 @@ assert (R.C_LEN, R.C_BAD, R.C_SLOT, R.C_POS, R.C_TOK, R.C_KPOS, R.C_RID, R.C_DIG
     tuple(range(8))     # the record's first columns, in this order
 
 
+@host_twin(C.draft_canary)
+def draft_canary(kv, table, meta, lens, out, tags, b, prefill, pfx, shift):
+    m = meta[:b]
+    n = np.maximum(m[:, START] + m[:, N] - shift, 0) if prefill else lens[:b]
+    canary(kv, table, meta, n, out[:, R.DK_LEN:R.DK_DIGEST + 1], tags, b, False, pfx)
+    out[:b, R.DK_SHIFT] = shift
+
+
+@host_twin(C.canary_with_draft)
+def canary_with_draft(kv, table, meta, lens, out, tags, b, prefill, pfx, dkv, dtags, shift):
+    canary(kv, table, meta, lens, out, tags, b, prefill, pfx)
+    draft_canary(dkv, table, meta, lens, out, dtags, b, prefill, pfx, shift)
+
+
 def _canary_clean(kv, idx, raw, c, out, tags, n, factor, rid, shared, i=0) -> bool:
     """``_canary_one``'s common case, by columns: every slot in the pool, every position
     and (past the shared prefix) every request tag as expected; then the record is the

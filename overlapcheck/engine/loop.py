@@ -98,7 +98,7 @@ class Engine:
         at, rids, index, acc, tokens, dropped = zip(*rows)
         self.observer(E.VerifiedBatch(self.iteration, bid, rids, index, acc, tokens, dropped,
                                       () if cans is None else tuple(cans[i] for i in at),
-                                      backup))
+                                      backup, self.worker.draft_canary is not None))
 
     # -- input ---------------------------------------------------------------------------
     def add(self, spec: RequestSpec) -> None:
@@ -329,7 +329,8 @@ class Engine:
                     self._emit(E.Verified(it, bid, r.rid, index if live else -1, a, kept,
                                           not live))
             if cans is not None and not run:
-                self._emit(E.Canary(it, bid, r.rid, *C.canary_fields(cans[i], backup)))
+                self._emit(E.Canary(it, bid, r.rid, *C.canary_fields(
+                    cans[i], backup, self.worker.draft_canary is not None)))
             if ended is not None:
                 self._teardown(r, FINISHED, ended, bid)
             if r.abort_requested and not r.inflight and not r.done:

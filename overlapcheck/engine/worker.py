@@ -62,6 +62,10 @@ class SpecWorker:
         self.backup_canary = self.backup and cfg.backup_canary and self.tags is not None
         if self.backup_canary:
             BK.allocate_spans(dev)
+        # the draft KV's canary: the KV a draft kind keeps, when its rows carry tags
+        # (``Drafter.canary_kv``: buffer, tag columns, token shift); None otherwise
+        self.draft_canary = (getattr(self.drafter, "canary_kv", None)
+                             if self.tags and self.drafter is not None else None)
 
     # -- host staging ----------------------------------------------------------------------
     def inputs(self, batch: Batch, unprocessed) -> "Inputs":
@@ -340,12 +344,21 @@ class SpecWorker:
             return []
         dev, rt = self.dev, self.dev.rt
         reads = [dev.target_kv.rows(st.batch.slots_read), dev.table.rows(st.rows), meta]
-        rt.launch(dev.fwd, C.canary, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
-                  st.out_can.t, self.tags, len(st.batch.entries), prefill, self.pfx,
-                  name="canary",
-                  reads=reads + ([] if prefill else [dev.lens]), writes=[st.out_can])
+        if self.draft_canary is None:
+            rt.launch(dev.fwd, C.canary, dev.target_kv.t, dev.table.t, meta.t, dev.lens.t,
+                      st.out_can.t, self.tags, len(st.batch.entries), prefill, self.pfx,
+                      name="canary",
+                      reads=reads + ([] if prefill else [dev.lens]), writes=[st.out_can])
+        else:   # the draft KV's rows in the same launch (``canary.canary_with_draft``)
+            kv, tags, shift = self.draft_canary
+            rt.launch(dev.fwd, C.canary_with_draft, dev.target_kv.t, dev.table.t, meta.t,
+                      dev.lens.t, st.out_can.t, self.tags, len(st.batch.entries), prefill,
+                      self.pfx, kv.t, tags, shift, name="canary",
+                      reads=reads + [kv.rows(st.batch.slots_read)]
+                      + ([] if prefill else [dev.lens]), writes=[st.out_can])
+        ops = ["canary"]
         if not self.backup_canary or prefill:
-            return ["canary"]
+            return ops
         rows = st.rows
         rt.launch(dev.fwd, BK.check_backup, dev.target_kv.t, dev.host_kv.t, dev.table.t,
                   dev.host_table.t, dev.backup_span.t, meta.t, st.out_can.t, self.tags,
@@ -353,7 +366,7 @@ class SpecWorker:
                   reads=reads + [dev.host_kv.rows(st.batch.host_slots | {0}),
                                  dev.host_table.rows(rows), dev.backup_span.rows(rows)],
                   writes=[st.out_can])
-        return ["canary", "check_backup"]
+        return ops + ["check_backup"]
 
     # -- result ------------------------------------------------------------------------------
     def collect(self, batch: Batch) -> Tuple[List[List[int]], List[int]]:

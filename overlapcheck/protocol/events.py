@@ -189,6 +189,11 @@ class Canary(Event):
     # (span start, span end, mismatching positions, first one, and the (token, position,
     # request) the host pool held there); empty otherwise
     backup: Tuple[int, ...] = ()
+    # with a draft kind that keeps tagged KV (EAGLE, standalone), the same check of the
+    # draft KV's kept rows (``canary.draft_canary``): (read length, mismatching rows,
+    # first slot, its position, (token, position, request) found there, token digest,
+    # token shift); empty otherwise
+    draft: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,7 @@ class VerifiedBatch(Event):
     dropped: Tuple[bool, ...]
     records: Tuple[Sequence[int], ...] = ()
     backup: bool = False
+    draft: bool = False      # the records carry the draft KV's check
 
     def verified(self, i: int) -> Verified:
         """Entry ``i``'s ``Verified`` event."""
@@ -219,7 +225,7 @@ class VerifiedBatch(Event):
     def canary(self, i: int) -> Canary:
         """Entry ``i``'s ``Canary`` event (``records`` not empty)."""
         return Canary(self.iteration, self.batch, self.rids[i],
-                      *canary_fields(self.records[i], self.backup))
+                      *canary_fields(self.records[i], self.backup, self.draft))
 
     def position(self, i: int, canary: bool = False) -> int:
         """Where entry ``i``'s ``Verified`` (or, ``canary``, its ``Canary``) is in
