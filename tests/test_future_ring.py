@@ -133,7 +133,7 @@ def test_config_and_cli():
 def test_the_fuzzer_draws_the_ring_in_some_examples():
     drawn = []
 
-    @settings(max_examples=60, phases=(Phase.generate,), database=None, deadline=None,
+    @settings(max_examples=200, phases=(Phase.generate,), database=None, deadline=None,
               suppress_health_check=list(HealthCheck), derandomize=True)
     @given(cases())
     def prop(case):

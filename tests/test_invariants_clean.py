@@ -87,7 +87,7 @@ def test_every_checker_sees_its_events_on_a_clean_run():
     for kind in ("Arrived", "Allocated", "Freed", "PendingReleased", "Verified", "Canary",
                  "Finished", "Retracted", "RunEnd", "StepEnd"):
         assert count.seen.get(kind), f"no {kind} event on this workload: {count.seen}"
-    assert len(names_for("reference")) == 17
+    assert len(names_for("reference")) == 18
     threads = Count()    # host-race's events come from forward-thread runs
     mon = Monitor([threads] + make_checkers(reference=run.result))
     Engine(dataclasses.replace(cfg, forward_thread=True), make_runtime(
