@@ -72,19 +72,31 @@ __all__ = ["make_runtime", "device_info", "check_available", "DeviceInfo", "Runt
 
 
 def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: bool = True,
-                 access: str = "infer", on_race: str = "collect", graphs: bool = False) -> "Runtime":
+                 access: str = "infer", on_race: str = "collect", graphs: bool = False,
+                 twins: str = "run") -> "Runtime":
     """Build a runtime. ``strategy`` is a name (see ``STRATEGIES``) or a ``Strategy``
     (used by replayable backends: the sim); its randomness is the ``schedule``
     sub-stream of ``seed``. ``graphs`` (a GPU backend; with the detector, declared
-    accesses only): the engine's model calls replay from CUDA graphs."""
+    accesses only): the engine's model calls replay from CUDA graphs. ``twins`` (a
+    backend whose work is CPU tensor ops): ``run`` the kernels' host twins, ``check``
+    each against its kernel on the same inputs, or ``off`` (kernels only;
+    ``device/twins.py``)."""
     import importlib
+    from .twins import TWIN_MODES
     info = device_info(device)
     if graphs and not info.gpu:
         raise ValueError(f"CUDA graphs need a GPU device, not {device!r}")
+    if twins not in TWIN_MODES:
+        raise ValueError(f"unknown twins mode {twins!r} (choose from {', '.join(TWIN_MODES)})")
     module, cls = info.runtime.split(":")
     runtime = getattr(importlib.import_module(module), cls)
     if info.replayable:
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, seeds.stream(seed, "schedule"))
-        return runtime(strategy, detect=detect, access=access, on_race=on_race)
-    return runtime(detect=detect, access=access, on_race=on_race, graphs=graphs)
+        rt = runtime(strategy, detect=detect, access=access, on_race=on_race)
+    else:
+        rt = runtime(detect=detect, access=access, on_race=on_race, graphs=graphs)
+    if twins == "off":
+        rt.host_twins = False
+    rt.check_twins = twins == "check" and rt.host_twins
+    return rt

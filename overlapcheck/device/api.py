@@ -35,6 +35,7 @@ from torch import Tensor as _Tensor
 
 from ..race import Detector, OpInfo, RaceReport
 from . import ACCESS_MODES
+from .twins import check_twin, run_twin
 from .buffers import DEVICE, PAGEABLE, PINNED, Buffer, Region, as_region
 from .infer import AccessSet, InferMode
 
@@ -227,6 +228,7 @@ class Runtime:
         self._sites: Dict[tuple, tuple] = {}
         # run kernels' host twins where nothing intercepts (CPU work, no graphed model calls)
         self.host_twins = self.cpu_work and not self.graphs
+        self.check_twins = False   # twins="check": each twin launch runs its kernel too
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
         self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
         self._audit_seen: Dict[str, int] = {}   # access="audit": launches so far, by name
@@ -612,8 +614,9 @@ class Runtime:
     def _call(self, fn, args, kwargs):
         """Run device work that nothing intercepts: on a backend whose work is CPU tensor
         ops (``cpu_work``), a kernel's host twin where it has one (``fn.host_twin``: the
-        same function on numpy views of its tensors, see ``engine/kernels_host.py``);
-        a twin that cannot run, or fails, leaves the work to the kernel itself."""
+        same function on numpy views of its tensors, see ``engine/kernels_host.py``),
+        held to its kernel (``device/twins.py``): a twin that raises is judged against
+        the kernel, never passed over, and ``twins="check"`` runs both and compares."""
         twin = getattr(fn, "host_twin", None) if self.host_twins else None
         if twin is not None:
             get, host_array = self._arrays.get, self._host_array
@@ -624,9 +627,11 @@ class Runtime:
                 views = [(hit[1] if (hit := get(id(a))) is not None else host_array(a))
                          if type(a) is _Tensor or isinstance(a, _Tensor) else a
                          for a in args]
-                return twin(*views, **kwargs)
-            except Exception:  # noqa: BLE001 - the kernel reports it where it happens
-                pass
+            except (TypeError, RuntimeError):   # a dtype numpy has no view of (bfloat16)
+                return fn(*args, **kwargs)
+            if self.check_twins:
+                return check_twin(fn, twin, args, views, kwargs)
+            return run_twin(fn, twin, args, views, kwargs)
         return fn(*args, **kwargs)
 
     def _host_array(self, t):

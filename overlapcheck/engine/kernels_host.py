@@ -12,15 +12,18 @@ go to the model's own twin (``model.host``: the oracle family,
 may (docs/design.md §3.4): a backend whose work is CPU tensors (``rt.cpu_work``) and no
 interception (declared accesses, or no detector), so access inference, CUDA and models
 without a twin run the torch kernel. A twin that cannot run (``NoHostTwin``: the model
-has none) or fails (an index out of range, as a stale read gives) leaves the work to
-the torch kernel, which then runs from the start; a twin therefore writes nothing it
-would not write again the same way (tests/test_host_closures.py compares the two on
-every draft kind, model variant and engine mode).
+has none) leaves the work to the torch kernel. A twin that fails (an index out of
+range, as a stale read gives) refuses before it writes, as torch does; the kernel then
+runs on the same inputs, and where it does not fail as well the two disagree, which is
+a finding (``device/twins.py``). A fixed share of the fuzzer's examples runs every twin
+launch against its kernel (``Case.twins``); tests/test_host_closures.py compares the
+two on every draft kind, model variant and engine mode.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..device.twins import NoTwin
 from ..protocol import canary as R
 from ..protocol.digest import DIGEST_M, weight
 from . import backup_check as BK
@@ -32,7 +35,7 @@ from .kernels import (AHEAD, LAST, LSUM, N, NEXT, NOW, P_POS, P_RID, P_ROW, P_TO
                       SAMPLE, SEED, SEEDED, START)
 
 
-class NoHostTwin(Exception):
+class NoHostTwin(NoTwin):
     """The kernel's model has no host twin: run the torch kernel."""
 
 

@@ -55,6 +55,7 @@ class ReferenceTarget(Target):
     case_strategy = "overlapcheck.fuzz.strategies:cases"
     case_options = ("models", "draft_kinds", "logical_ranks")
     audits = True
+    twins = True
 
     @property
     def config_type(self):
@@ -111,12 +112,13 @@ class ReferenceTarget(Target):
 
     def open(self, cfg, strategy, observer, faults: Sequence[str] = (), *, device="sim",
              model=None, runtime=None, access="declared", detect=True, engine=None,
-             trace=False, graphs=False, **options) -> ReferenceSession:
+             trace=False, graphs=False, twins="run", **options) -> ReferenceSession:
         """``runtime``: a runtime built by the caller (``strategy`` and ``device`` are
         then its own); ``engine``: an engine factory ``(cfg, rt, model, observer)``
         (default: ``make_engine``, tensor-parallel ranks when ``cfg.tp > 1``);
         ``trace``: record the device work that runs (replayable runtimes); ``graphs``: a
-        GPU device's model calls replay from CUDA graphs (§4.9)."""
+        GPU device's model calls replay from CUDA graphs (§4.9); ``twins``: the sim's
+        host twins run, are each checked against their kernel, or are off (§3.4)."""
         from fake_models import make_model
         from ..device import make_runtime
         from .tp import make_engine
@@ -125,7 +127,11 @@ class ReferenceTarget(Target):
         if faults:
             cfg = dataclasses.replace(cfg, faults=tuple(dict.fromkeys(tuple(cfg.faults) + tuple(faults))))
         rt = runtime if runtime is not None else make_runtime(
-            device, strategy=strategy, access=access, detect=detect, graphs=graphs)
+            device, strategy=strategy, access=access, detect=detect, graphs=graphs,
+            twins=twins)
+        if runtime is not None and twins != "run":     # the caller's runtime, held to it
+            rt.host_twins = rt.host_twins and twins != "off"
+            rt.check_twins = twins == "check" and rt.host_twins
         if trace and rt.replayable:
             rt.trace = True
         factory = engine if engine is not None else make_engine

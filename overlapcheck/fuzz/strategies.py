@@ -14,7 +14,9 @@ random, PCT or BUGGIFY strategy for breadth. Last of all (so that the draws abov
 what they were before it existed), a third of the examples turn the radix prefix cache
 on, and then about half their requests after the first start with a prefix of an
 earlier request's prompt and arrive up to 24 steps later (``shared_prefixes``). After
-that, a quarter of the examples audit their launches' declared accesses (``Case.audit``).
+that, in one draw: a quarter of the examples audit their launches' declared accesses
+(``Case.audit``), and an eighth run every host twin against its kernel (``Case.twins``,
+``device/twins.py``: the torch source a GPU runs is fuzzed on the sim too).
 """
 from __future__ import annotations
 
@@ -70,6 +72,10 @@ _BOOL = _unwrap(st.booleans())
 _THREE_IN_FOUR = _unwrap(st.sampled_from((True, True, True, False)))
 _ONE_IN_FOUR = _unwrap(st.sampled_from((False, False, False, True)))
 _ONE_IN_THREE = _unwrap(st.sampled_from((False, False, True)))
+# how an example's launches run: plainly; audited (a quarter); every host twin checked
+# against its kernel (an eighth)
+_LAUNCHES = _unwrap(st.sampled_from(("plain", "plain", "audit", "audit", "twins", "plain",
+                                     "plain", "plain")))
 _TP = _unwrap(st.sampled_from((1, 1, 1, 2)))
 _HALF = _unwrap(st.sampled_from((False, True)))
 _ZERO_BUBBLE_TIGHT = _unwrap(st.sampled_from((False, True, True, True)))
@@ -257,10 +263,12 @@ def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
         cfg = replace(cfg, prefix_cache=True)
     if cfg.prefix_cache:
         wl = shared_prefixes(draw, cfg, wl)
-    # the access audit (docs/design.md §3.4), drawn last of all: in a quarter of the
-    # examples the runtime also infers each declared launch's accesses
-    audit = draw(_ONE_IN_FOUR)
-    return Case(cfg, wl, sched, tuple(checks), tuple(faults), audit=audit)
+    # drawn last of all: the access audit (docs/design.md §3.4; in a quarter of the
+    # examples the runtime also infers each declared launch's accesses) or the twins'
+    # check (§3.4; in an eighth, each host twin launch runs its kernel too)
+    launches = draw(_LAUNCHES)
+    return Case(cfg, wl, sched, tuple(checks), tuple(faults), audit=launches == "audit",
+                twins="check" if launches == "twins" else "run")
 
 
 def shared_prefixes(draw, cfg: EngineConfig, wl: Workload) -> Workload:

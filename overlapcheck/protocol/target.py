@@ -146,6 +146,8 @@ class Target:
     #: its runs can audit their launches' declared accesses (``Case.audit``, the run
     #: option ``access="audit"``)
     audits = False
+    #: its kernels have host twins the sim runs (``Case.twins``: checked against them)
+    twins = False
 
     def version(self) -> str:
         """The installed engine's version; ``TargetUnavailable`` when it is missing or

@@ -102,6 +102,9 @@ class Case:
     # the runtime also infers each declared launch's accesses and reports what its
     # declaration leaves out (``device/audit.py``); a target that audits (``audits``)
     audit: bool = False
+    # ``check``: every host twin launch also runs its kernel on the same inputs, and the
+    # two must agree (``device/twins.py``); ``off``: kernels only; a target with twins
+    twins: str = "run"
 
     def to_dict(self) -> dict:
         from .. import targets
@@ -113,6 +116,8 @@ class Case:
             d = {"target": self.target, **d}
         if self.audit:        # written only when on: other cases' repros stay as they were
             d["audit"] = True
+        if self.twins != "run":
+            d["twins"] = self.twins
         return d
 
     @staticmethod
@@ -120,7 +125,8 @@ class Case:
         """A validated case. ``schema`` 1 (before targets) also had a ``seed`` field
         that no run read: it is accepted there and ignored."""
         from .. import targets
-        allowed = {"target", "config", "workload", "schedule", "checks", "faults", "audit"}
+        allowed = {"target", "config", "workload", "schedule", "checks", "faults", "audit",
+                   "twins"}
         d = _mapping(d, "case", allowed | ({"seed"} if schema == 1 else set()))
         for key in ("config", "workload"):
             if key not in d:
@@ -156,8 +162,14 @@ class Case:
             raise CaseError(f"audit: expected true or false, got {audit!r}")
         if audit and not getattr(target, "audits", False):
             raise CaseError(f"audit: the {name} target does not audit its launches")
+        from ..device.twins import TWIN_MODES
+        twins = d.get("twins", "run")
+        if twins not in TWIN_MODES or not isinstance(twins, str):
+            raise CaseError(f"twins: expected one of {', '.join(TWIN_MODES)}, got {twins!r}")
+        if twins != "run" and not getattr(target, "twins", False):
+            raise CaseError(f"twins: the {name} target has no host twins")
         return Case(cfg, wl, ScheduleSpec.from_dict(d.get("schedule", {})), checks, faults, name,
-                    audit)
+                    audit, twins)
 
 
 def _mapping(d, where: str, allowed) -> dict:

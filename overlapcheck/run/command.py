@@ -81,6 +81,10 @@ def register(subparsers) -> None:
                    help=f"sim schedule strategy: {', '.join(STRATEGIES)}")
     p.add_argument("--access", default="declared", choices=ACCESS_MODES,
                    help="race detector access mode (infer: intercept every op)")
+    p.add_argument("--twins", default="run", choices=("run", "check", "off"),
+                   help="sim: run the kernels' host twins (run), each against its torch "
+                        "kernel on the same inputs (check: a disagreement is a finding), or "
+                        "the torch kernels only (off)")
     p.add_argument("--check", default="all", metavar="NAMES",
                    help="comma-separated checkers to run (default all)")
     p.add_argument("--log", metavar="FILE", help="write the event stream as JSON lines")
@@ -140,7 +144,7 @@ def _config(args):
 _REFERENCE_FLAGS = ("device", "model", "draft", "spec_steps", "page_size", "pool_tokens",
                     "row_width", "max_running", "chunk_size", "draft_reserve", "no_overlap",
                     "no_spec", "verify_sync", "kv_backup", "zero_bubble", "future_map", "topk", "tp", "dist",
-                    "cuda_graphs", "access", "forward_thread", "prefix_cache")
+                    "cuda_graphs", "access", "forward_thread", "prefix_cache", "twins")
 
 
 def _target_config(args, target):
@@ -287,7 +291,7 @@ def _run_reference(args) -> int:
     try:
         check_available(args.device)
         rt = make_runtime(args.device, seed=args.seed, strategy=args.schedule,
-                          access=args.access, graphs=args.cuda_graphs)
+                          access=args.access, graphs=args.cuda_graphs, twins=args.twins)
     except (RuntimeError, ValueError) as e:
         raise UsageError(str(e).replace("CUDA graphs need", "--cuda-graphs needs")
                          .replace("CUDA graphs hide", "--cuda-graphs hides")) from None

@@ -100,6 +100,9 @@ def _exception_finding(exc: BaseException, step: int, engine: Optional[str] = No
     if frames:
         name = os.path.basename(frames[-1][0])
         where, at = f"{name}:{frames[-1][2]}", f"{name}:{frames[-1][1]}, in {frames[-1][2]}"
+    # an exception that names its own site (a kernel and its twin disagreeing: the
+    # kernel, not the line of the check that raised)
+    where = getattr(exc, "finding_site", None) or where
     text = f"[{ENGINE_EXCEPTION}] step {step}: {type(exc).__name__}: {exc} (at {at})"
     return Finding(ENGINE_EXCEPTION, (type(exc).__name__, where), step, text)
 
@@ -214,6 +217,8 @@ def execute(case: Case, choices: Optional[List[int]] = None, *, reference=None, 
         # the launches' declarations audited (a CUDA graph's kernels are hidden from
         # interception: graphed runs take declarations only, §4.9)
         options.setdefault("access", "audit")
+    if case.twins != "run" and getattr(target, "twins", False):
+        options.setdefault("twins", case.twins)
     run_device = (options["runtime"].backend if options.get("runtime") is not None
                   else options.get("device", "sim"))
     ref_device = target.reference_device(case.config, run_device, options.get("model"))
@@ -278,7 +283,8 @@ class _Unopened(Session):
 
 
 _RUN_OPTIONS = {"choices", "reference", "references", "log", "max_steps", "context", "trace",
-                "tick", "device", "model", "runtime", "access", "detect", "engine", "graphs"}
+                "tick", "device", "model", "runtime", "access", "detect", "engine", "graphs",
+                "twins"}
 
 
 def run_checked(cfg, workload, checks: Sequence[str] = (), seed: int = 0,
