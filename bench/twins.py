@@ -2,20 +2,24 @@
 (drawn as a campaign draws them) run with the twins (``run``, the default), with the
 torch kernels only (``off``), and with every twin launch checked against its kernel
 (``check``, an eighth of a campaign's examples). Prints examples per second and the
-ratios; asserts nothing. A twin stays only while it buys at least 20% of campaign
-throughput (docs/design.md §3.4, "Twins held to their kernels").
+ratios, then per kernel the seconds its launches took with the twin and without, and
+the share of the plain run's time the twin saves; asserts nothing. A twin stays only
+while the twins buy at least 20% of campaign throughput (docs/design.md §3.4, "Twins
+held to their kernels").
 
     python bench/twins.py [--cases N] [--repeat R]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import time
 
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
+from overlapcheck.device import api
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.run import execute
 
@@ -42,6 +46,29 @@ def measure(drawn, twins: str) -> float:
     return time.perf_counter() - t0
 
 
+def per_kernel(drawn, twins: str) -> dict:
+    """Seconds spent in each twinned kernel's launches (twin or kernel, as ``twins``
+    runs them), by kernel name."""
+    spent = collections.Counter()
+    real = api.Runtime._call
+
+    def timed(self, fn, args, kwargs):
+        if getattr(fn, "host_twin", None) is None:
+            return real(self, fn, args, kwargs)
+        t0 = time.perf_counter()
+        try:
+            return real(self, fn, args, kwargs)
+        finally:
+            spent[fn.__name__] += time.perf_counter() - t0
+
+    api.Runtime._call = timed
+    try:
+        measure(drawn, twins)
+    finally:
+        api.Runtime._call = real
+    return spent
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=40)
@@ -58,6 +85,11 @@ def main() -> None:
           f"kernels alone; a checked example costs {best['check'] / best['run']:.2f}x a "
           f"plain one; a campaign checking an eighth runs at "
           f"{1 / (7 / 8 + best['check'] / best['run'] / 8):.0%} of the unchecked rate")
+    twin, kernel = per_kernel(drawn, "run"), per_kernel(drawn, "off")
+    print(f"\n{'kernel':22s} {'twin s':>8s} {'kernel s':>9s} {'saves':>7s}  (of the plain run)")
+    for name in sorted(kernel, key=lambda n: twin.get(n, 0) - kernel[n]):
+        print(f"{name:22s} {twin.get(name, 0):8.2f} {kernel[name]:9.2f} "
+              f"{(kernel[name] - twin.get(name, 0)) / best['run']:7.1%}")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import List
 
-from overlapcheck.device.audit import UNDECLARED
 from overlapcheck.protocol import events as E
-from overlapcheck.race.report import rows_text
+from overlapcheck.race.report import UNDECLARED, rows_text
 
 from .base import Checker, Violation
 

@@ -10,7 +10,8 @@ import torch
 from invariants.access_audit import AccessAudit
 from overlapcheck.device import make_runtime
 from overlapcheck.device.audit import UNDECLARED, AuditReport
-from overlapcheck.engine import EngineConfig, generate
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import generate
 from overlapcheck.protocol import events as E
 from overlapcheck.run import Case, ScheduleSpec, execute
 from overlapcheck.run.case import CaseError

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from invariants.kv_canary import KVCanary
-from overlapcheck.engine import EngineConfig, RequestSpec, generate
+from overlapcheck.engine import EngineConfig
+from overlapcheck.protocol import RequestSpec, generate
 from overlapcheck.engine import canary as C
+from overlapcheck.protocol import canary as L
+from overlapcheck.protocol.digest import token_digest
 from overlapcheck.protocol import events as E
 from overlapcheck.engine import kernels_host as KH
 from overlapcheck.engine.kernels import N, RID, ROW, START
@@ -30,12 +33,12 @@ def _checker():
 
 
 def _draft_digest(toks, n, shift):
-    return E.token_digest(list(toks[shift:shift + n]))
+    return token_digest(list(toks[shift:shift + n]))
 
 
 def _event(draft):
     toks = PROMPT + (9,)
-    return E.Canary(2, 1, 7, 4, 0, -1, -1, (0, 0, 7), E.token_digest(toks[:4]), (), draft)
+    return E.Canary(2, 1, 7, 4, 0, -1, -1, (0, 0, 7), token_digest(toks[:4]), (), draft)
 
 
 def test_a_good_draft_record_is_quiet():
@@ -66,10 +69,10 @@ def test_a_foreign_draft_row_and_a_wrong_token_are_reported():
 
 def test_the_batched_run_reports_what_the_events_do():
     toks = PROMPT + (9,)
-    rec = [0] * C.CANARY
-    rec[C.C_LEN], rec[C.C_SLOT], rec[C.C_POS], rec[C.C_RID] = 4, -1, -1, 7
-    rec[C.C_DIGEST] = E.token_digest(toks[:4])
-    rec[C.DK_LEN:C.DK_SHIFT + 1] = [4, 2, 13, 2, 6, 3, 7, _draft_digest(toks, 4, 1), 1]
+    rec = [0] * L.CANARY
+    rec[L.C_LEN], rec[L.C_SLOT], rec[L.C_POS], rec[L.C_RID] = 4, -1, -1, 7
+    rec[L.C_DIGEST] = token_digest(toks[:4])
+    rec[L.DK_LEN:L.DK_SHIFT + 1] = [4, 2, 13, 2, 6, 3, 7, _draft_digest(toks, 4, 1), 1]
     ev = E.VerifiedBatch(2, 1, (7,), (0,), (1,), ((10,),), (False,), (tuple(rec),), False, True)
     one, two = _checker(), _checker()
     got = [(p, v.to_json()) for p, v in one.on_VerifiedBatch(ev)]
@@ -92,7 +95,7 @@ def test_the_draft_canary_twin_is_the_kernel(prefill):
         meta[:, START], meta[:, N] = rng.integers(0, 4, b + 1), rng.integers(1, 4, b + 1)
         lens = rng.integers(0, width, b + 1)
         shift = int(rng.integers(0, 2))
-        want = np.full((b + 1, C.CANARY), 7, dtype=np.int64)
+        want = np.full((b + 1, L.CANARY), 7, dtype=np.int64)
         got = want.copy()
         t = [torch.from_numpy(a) for a in (kv, table, meta, lens, want)]
         C.canary_with_draft(t[0], t[1], t[2], t[3], t[4], (0, 1, 2), b, prefill, None,

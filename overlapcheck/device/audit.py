@@ -18,9 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, List, Optional
 
-from ..race.report import rows_text
-
-UNDECLARED = "undeclared-access"     # the report kind (not a race: stream-race skips it)
+from ..race.report import UNDECLARED, rows_text
 
 
 @dataclass(frozen=True)

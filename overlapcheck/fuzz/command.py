@@ -209,8 +209,10 @@ def _jobs(args) -> int:
     return jobs
 
 
-class _StartUpTookTheBox(Exception):
-    """Raised in the main thread by the start-up watchdog (``_StartUpWatch``)."""
+class _StartUpTookTheBox(BaseException):
+    """Raised in the main thread by the start-up watchdog (``_StartUpWatch``). Not an
+    ``Exception``: it may land inside an import or a library's ``except Exception``
+    (an optional dependency's probe), which must not swallow it."""
 
 
 class _StartUpWatch:

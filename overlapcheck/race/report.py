@@ -19,6 +19,9 @@ HOST_WRITE_DURING_COPY = "host-write-during-copy"  # H2D staging buffer rewritte
 HOST_STREAM = "host-stream"
 REUSE = "reuse"                                   # new owner vs previous owner
 
+# not a race: a launch's access outside its declaration, from an audited run
+# (``device/audit.py``; the access-audit checker's, stream-race skips it)
+UNDECLARED = "undeclared-access"
 KINDS = (STREAM_STREAM, HOST_READ_BEFORE_COPY, HOST_WRITE_DURING_COPY, HOST_STREAM, REUSE)
 
 
