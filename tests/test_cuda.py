@@ -57,7 +57,7 @@ def test_pinned_read_before_copy_done_is_flagged_and_twin_is_not():
 def test_stream_stream_race_and_event_twin():
     for ordered in (False, True):
         rt, s, f, c = _rt()
-        kv = rt.empty((16, 4), torch.float32, "kv", f)
+        kv = rt.empty((16, 4), torch.float32, "kv", s)   # its poison fill ordered before the write
         e = rt.new_event("written")
         rt.launch(s, lambda t: t.fill_(1.0), kv.t, name="write")
         e.record(s)
