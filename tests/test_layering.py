@@ -166,7 +166,7 @@ def test_what_targets_share_imports_no_target():
                 if p.startswith("overlapcheck.targets.")}
     shared = [m for m in MODS if m.startswith("overlapcheck.targets.")
               and not any(m == p or m.startswith(p + ".") for p in packages)]
-    assert "overlapcheck.targets.source_patch" in shared
+    assert "overlapcheck.targets.triton_launch" in shared
     assert "overlapcheck.targets.checkpoint" in shared
     bad = [(m, g) for m in shared for g in MODS[m]
            if any(g == p or g.startswith(p + ".") for p in packages)]

@@ -1,5 +1,5 @@
 """SGLang's functions re-compiled from their own source with exact text edits: the
-shared mechanism (``overlapcheck/targets/source_patch.py``) bound to SGLang 0.5.23.
+one source-patch mechanism (``overlapcheck/faults/patch.py``) bound to SGLang 0.5.23.
 
 Behind the target's faults (a fixed bug's pre-fix source) and the CUDA path on the CPU
 shim (a platform test that picks SGLang's CUDA branch). SGLang's modules import only
@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 from typing import Dict, Iterator, Sequence, Tuple
 
-from .. import source_patch as shared
+from ...faults import patch as shared
 
-Edit = shared.Edit
+Edit = Tuple[str, str]      # (exact text, replacement)
 PACKAGE = "sglang."
 ENGINE = "SGLang 0.5.23"
 
@@ -32,7 +32,7 @@ def resolve(target: str):
 def edited(target: str, edits: Sequence[Edit], label: str, extra: Dict[str, object] = None):
     """``(owner, attribute, original, edited function)``; ``label`` names the patch in
     errors and in the compiled code's file name."""
-    return shared.edited(target, edits, label, extra, _import, ENGINE)
+    return shared.recompiled(target, edits, label, importer=_import, extra=extra, engine=ENGINE)
 
 
 @contextlib.contextmanager
@@ -40,5 +40,5 @@ def installed(patches: Sequence[Tuple[object, str, object, object]]) -> Iterator
     """Install each ``(owner, attribute, original, replacement)`` where the original
     is (its owner, and every name an SGLang module holds it by: ``from m import f as
     _f`` included); undo on exit."""
-    with shared.installed(patches, PACKAGE):
+    with shared.replaced(patches, PACKAGE):
         yield

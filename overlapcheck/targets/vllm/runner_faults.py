@@ -3,16 +3,16 @@
 Each restores the pre-fix source of one function of the runner, as the scheduler
 faults revert scheduler methods: the function's source gets each edit (each must match
 exactly once, or the fault refuses to apply: not vLLM 0.33.0), is compiled in its
-module's namespace and installed in its place while the block runs (the shared
-``overlapcheck/targets/source_patch.py``; the patched functions are methods, held by
-their class alone). Nothing is written to vLLM's files.
+module's namespace and installed in its place while the block runs (the one
+source-patch mechanism, ``overlapcheck/faults/patch.py``; the patched functions are
+methods, held by their class alone). Nothing is written to vLLM's files.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
-from .. import source_patch
+from ...faults import patch as source_patch
 from .faults import FAULTS
 
 ENGINE = "vLLM 0.33.0"
@@ -28,7 +28,7 @@ def applied(names) -> Iterator[None]:
     for n in mine:
         for fp in FAULTS[n].mechanism.functions:
             importlib.import_module(fp.module)
-            patches.append(source_patch.edited(fp.target, fp.edits, f"fault {n}",
-                                               engine=ENGINE))
-    with source_patch.installed(patches):
+            patches.append(source_patch.recompiled(fp.target, fp.edits, f"fault {n}",
+                                                   engine=ENGINE))
+    with source_patch.replaced(patches):
         yield
