@@ -61,6 +61,9 @@ def _plain(v):
 
 def _differs(a, b) -> Optional[str]:
     """Where kernel output ``a`` and twin output ``b`` differ (None: equal)."""
+    if (type(a) is torch.Tensor and type(b) is torch.Tensor and a.dtype == b.dtype
+            and a.shape == b.shape and torch.equal(a, b)):
+        return None         # the common case, in one C call
     if isinstance(a, torch.Tensor) or isinstance(b, np.ndarray):
         x = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
         y = b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
