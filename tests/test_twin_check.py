@@ -13,6 +13,7 @@ from overlapcheck.device import make_runtime
 from overlapcheck.device.twins import TwinMismatch
 from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import kernels as K
+from overlapcheck.engine import kernels_host  # noqa: F401 - registers the twins on the kernels
 from overlapcheck.fuzz.campaign import Campaign, Options
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.protocol import generate
