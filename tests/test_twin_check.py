@@ -87,6 +87,14 @@ def test_a_checked_run_is_clean_and_runs_what_the_kernels_run():
         assert outs["check"].choices == outs["off"].choices, cfg
 
 
+def _launch(rt, kernel, twin):
+    """``kernel`` with ``twin`` launched once on a fresh buffer of ``rt``."""
+    kernel.host_twin = twin
+    s = rt.new_stream("s")
+    buf = rt.empty((4,), torch.int64, "x", s)
+    rt.launch(s, kernel, buf.t, name="k", writes=[buf])
+
+
 def test_a_twin_that_raises_where_its_kernel_runs_is_a_finding():
     rt = make_runtime("sim", strategy="eager", access="declared")
     calls = []
@@ -99,10 +107,7 @@ def test_a_twin_that_raises_where_its_kernel_runs_is_a_finding():
         calls.append("twin")
         raise IndexError("stale index")
 
-    kernel.host_twin = twin
-    s = rt.new_stream("s")
-    buf = rt.empty((4,), torch.int64, "x", s)
-    rt.launch(s, kernel, buf.t, name="k", writes=[buf])
+    _launch(rt, kernel, twin)
     with pytest.raises(TwinMismatch, match="the twin raised IndexError: stale index; the kernel ran"):
         rt.synchronize()
     assert calls == ["twin", "kernel"]
@@ -118,10 +123,7 @@ def test_a_twin_and_kernel_that_both_refuse_give_the_kernels_error():
         def twin(a):
             raise IndexError("slot out of range (torch's scatter refuses it)")
 
-        kernel.host_twin = twin
-        s = rt.new_stream("s")
-        buf = rt.empty((4,), torch.int64, "x", s)
-        rt.launch(s, kernel, buf.t, name="k", writes=[buf])
+        _launch(rt, kernel, twin)
         with pytest.raises(IndexError, match="out of bounds"):
             rt.synchronize()
 

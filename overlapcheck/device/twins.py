@@ -92,21 +92,13 @@ def _differs(a, b) -> Optional[str]:
     return None if equal else f"kernel {a!r}, twin {b!r}"
 
 
-def run_twin(fn: Callable, twin: Callable, args, views, kwargs):
-    """Run the twin of kernel ``fn`` (``views``: ``args`` with tensors as numpy views of
-    the same memory). A twin that raises hands the same inputs to its kernel: the
-    kernel's error where it fails too, ``TwinMismatch`` where it runs."""
-    try:
-        return twin(*views, **kwargs)
-    except NoTwin:
+def twin_failed(fn: Callable, args, kwargs, failed: Exception):
+    """The twin of kernel ``fn`` raised ``failed``: the same inputs go to the kernel,
+    whose own error stands where it fails too (twins refuse before any write, as torch
+    does); where it runs, ``TwinMismatch``. ``NoTwin``: the kernel's result."""
+    if isinstance(failed, NoTwin):
         return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - judged against the kernel just below
-        failed = e
-    # the twins that refuse do so before any write (they check what torch checks first)
-    try:
-        fn(*args, **kwargs)
-    except Exception:
-        raise
+    fn(*args, **kwargs)
     raise TwinMismatch(_name(fn), f"the twin raised {type(failed).__name__}: {failed}; "
                                   f"the kernel ran") from failed
 
