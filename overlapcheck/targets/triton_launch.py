@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections import Counter
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch

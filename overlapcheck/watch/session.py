@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from .backends import MODES, check_device
