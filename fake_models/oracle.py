@@ -131,8 +131,8 @@ class OracleModel:
 
     @property
     def host(self):
-        """This model on numpy arrays (``oracle_host.OracleHost``): what the sim's host
-        twins of the engine's kernels call (``overlapcheck/engine/kernels_host.py``)."""
+        """This model on numpy arrays (``oracle_host.OracleHost``): what the engine's
+        kernels call when the sim runs them on numpy views (``overlapcheck/device/xp.py``)."""
         h = self.__dict__.get("_host")
         if h is None:
             from .oracle_host import OracleHost

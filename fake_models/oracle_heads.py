@@ -34,6 +34,15 @@ class OracleEagleHead:
     def __init__(self, model):
         self.model = model
 
+    @property
+    def host(self):
+        """This head on numpy arrays, for the kernels' host runs (``device/xp.py``)."""
+        h = self.__dict__.get("_host")
+        if h is None:
+            from .oracle_host import EagleHeadHost
+            h = self._host = EagleHeadHost(self.model.host)
+        return h
+
     def write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
         """Draft position ``pos`` from (token ``t_{pos+1}``, feature ``f_pos``)."""
         slots = table[rows, pos]
@@ -55,6 +64,15 @@ class OracleEagleHead:
 class OracleMTPHead:
     def __init__(self, model):
         self.model = model
+
+    @property
+    def host(self):
+        """This head on numpy arrays, for the kernels' host runs (``device/xp.py``)."""
+        h = self.__dict__.get("_host")
+        if h is None:
+            from .oracle_host import MTPHeadHost
+            h = self._host = MTPHeadHost(self.model.host)
+        return h
 
     def step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
         """Token ``toks`` at position ``pos`` with hidden ``feats`` (``f_{pos-1}``):

@@ -1,16 +1,17 @@
-"""The oracle pair and its heads on numpy arrays: the host twin of ``oracle``,
+"""The oracle pair and its heads on numpy arrays: the host mirror of ``oracle``,
 ``oracle_heads`` and ``kv_store``, value for value.
 
 On the simulated device, buffers are CPU tensors and a kernel's tensors are a few dozen
 integers, so the cost of a kernel is the number of ops it issues: about 2.6 µs each
-through torch, several times less through numpy. The sim runs an engine kernel's host
-twin (``overlapcheck/engine/kernels_host.py``) when nothing intercepts its torch ops
-(declared accesses, or no detector; docs/design.md §3.4), and the twin calls this
-module through ``OracleModel.host``. Every function here computes exactly what its
-torch original computes, including integer wrap-around on poison values and the
-last-writer-wins of duplicate indices; where numpy would accept an index torch
-rejects (a negative index of ``gather``/``scatter``), it raises instead, so that the
-sim reruns the torch kernel, which reports the failure where it happens.
+through torch, several times less through numpy. The sim runs an engine kernel's one
+source on numpy views of its tensors when nothing intercepts its ops (declared accesses,
+or no detector; docs/design.md §3.4, "One source per kernel"), and the kernel calls
+this module through ``OracleModel.host`` and the heads' ``host``. Every function here
+computes exactly what its torch original computes, including integer wrap-around on
+poison values and the last-writer-wins of duplicate indices; where numpy would accept
+an index torch rejects (a negative index of ``gather``/``scatter``), it raises instead,
+so that the sim reruns the kernel on torch, which reports the failure where it happens.
+A checked run (``twins: check``) holds every call made through it to the torch model's.
 """
 from __future__ import annotations
 
@@ -217,63 +218,6 @@ def _factor_list(width: int, shift: int) -> list:
     return hit
 
 
-def row_slots(table, row: int, c: int, size: int):
-    """The slots of table row ``row``'s first ``c`` positions as Python ints, or None
-    where the row is outside the table or ``c`` outside ``0..width``, or a slot falls
-    outside a pool of ``size`` (negative included), or the pool is empty: the array
-    path, which reports or wraps those as torch does, takes these cases."""
-    if not (0 <= row < table.shape[0] and 0 <= c <= table.shape[1] and size):
-        return None
-    slots = table[row, :c].tolist()
-    for s in slots:
-        if not 0 <= s < size:
-            return None
-    return slots
-
-
-def prefix_hashes(vals, width: int, cols=(TOK,)) -> list:
-    """Running sums of ``hash_columns``'s terms over ``vals`` (the KV rows, as lists of
-    Python ints, of a table row's first positions, ``row_slots``; ``width``: the
-    table's): element ``c`` is the hash of columns ``cols`` of the first ``c``
-    positions (``cols == (TOK,)``: ``raw_hash``). Python ints: each term is below M, so
-    the sums equal the int64 ones."""
-    out = [0]
-    acc = 0
-    if len(cols) == 1:
-        col, f = cols[0], _factor_list(width, cols[0])
-        for p, r in enumerate(vals):
-            acc += r[col] % M * f[p] % M
-            out.append(acc % M)
-        return out
-    fs = [(col, _factor_list(width, col)) for col in cols]
-    for p, r in enumerate(vals):
-        for col, f in fs:
-            acc += r[col] % M * f[p] % M
-        out.append(acc % M)
-    return out
-
-
-def row_hashes(rows, width: int, cols=(TOK,)) -> list:
-    """``prefix_hashes(rows.tolist(), width, cols)`` of an array of KV rows (a table
-    row's first positions), remembered by the rows' values (``_MEMO``): the caller
-    must not change the list."""
-    key = (width, cols, rows.dtype.str, rows.shape, rows.tobytes())
-    hit = _MEMO.get(key)
-    if hit is not None:
-        return hit
-    return _remember(key, prefix_hashes(rows.tolist(), width, cols))
-
-
-def wrap64(x: int) -> int:
-    """``x`` wrapped to int64, as an int64 sum wraps."""
-    return (x + 2 ** 63) % 2 ** 64 - 2 ** 63
-
-
-def term_int(tok: int, pos: int) -> int:
-    """``term`` of one token on Python ints (``pos`` small: no int64 wrap to mimic)."""
-    return tok % M * weight(pos) % M
-
-
 def _rows(*cols):
     """``np.stack(cols, axis=-1)`` of equal-shaped 1-d int64 columns (torch.stack
     refuses unequal ones: so does this)."""
@@ -315,11 +259,6 @@ class OracleHost:
 
     kv_width = KV_WIDTH          # the target's and a standalone draft's KV row
     eagle_width = KV_WIDTH + 1   # the EAGLE head's
-    row_slots = staticmethod(row_slots)
-    hashes = staticmethod(prefix_hashes)
-    row_hashes = staticmethod(row_hashes)
-    hidden_one = staticmethod(raw_hash_one)    # ``target_hidden`` of one query, as an int
-
     def __init__(self, model):
         self.vocab, self.agreement, self.salt = model.vocab, model.agreement, model.salt
 
@@ -336,22 +275,6 @@ class OracleHost:
         store(kv, slots, new, None if keep is None else kept_sources(kv.shape[0], slots, keep))
 
     write_draft_kv = write_kv
-
-    def write_kv_tokens(self, kv, slots, tokens) -> bool:
-        """``write_kv`` of a few tokens on Python ints: ``slots``, their slots (table
-        values), ``tokens``, a ``(row, position, token, request)`` list each; False
-        (nothing written) where the KV row is not the oracle's int64 one, which the
-        array path takes. Every slot is checked before the first write, as numpy's
-        scatter does, and a slot's last writer wins, as there."""
-        if kv.shape[1] != KV_WIDTH or kv.dtype != _I64:
-            return False
-        size = kv.shape[0]
-        for s in slots:
-            if not -size <= s < size:
-                raise IndexError("slot out of range (torch's scatter refuses it)")
-        for s, (_, pos, tok, rid) in zip(slots, tokens):
-            kv[s] = (tok, pos, rid)           # (TOK, POS, RID): the row's columns in order
-        return True
 
     def context_hash(self, kv, table, rows, ctx_lens):
         return mix(raw_hash(kv, table, rows, ctx_lens), ctx_lens)
@@ -402,21 +325,6 @@ class OracleHost:
                     tok = (u >> 7) % V
             out.append(tok)
         return out
-
-    @staticmethod
-    def tree_raws(vals, L: int, width: int, parent, depth) -> list:
-        """The raw hashes a tree verify's nodes read, on Python ints: ``vals``, the KV
-        rows of a table row's first ``L + n`` positions after the nodes' writes (node
-        ``i`` at position ``L + i``, read at ``L + depth[i]`` along its path); each
-        node's hash is the context's below ``L`` plus its ancestors' terms, summed down
-        the tree (``parent``: a node's, before it in node order)."""
-        f = _factor_list(width, 0)
-        base = prefix_hashes(vals[:L], width)[-1]
-        acc = []
-        for i, (p, d) in enumerate(zip(parent, depth)):
-            t = vals[L + i][TOK] % M * f[L + d] % M
-            acc.append(t if p < 0 else acc[p] + t)
-        return [(base + a) % M for a in acc]
 
     def drafts(self, raws, cs, ss, sds) -> list:
         """``draft``'s chain tokens per query, on Python ints (see ``draft``)."""
@@ -528,52 +436,6 @@ class OracleHost:
         other = (like + 1 + mix(u, 3) % (self.vocab - 1)) % self.vocab
         return np.where(mix(u, self.salt + HEAD_SALT) % 100 < self.agreement, like, other)
 
-    def eagle_out_rows(self, vals, pos: int, width: int, seed: int, seeded: bool,
-                       topk: int = 1):
-        """``eagle_out`` of one query at ``pos`` on Python ints: ``vals``, the EAGLE KV
-        rows of its table row's first ``pos + 1`` slots (``row_slots``), table
-        ``width``; returns (hidden, draft token), or (hidden, its ``topk`` candidates)
-        for a tree (``topk`` > 1)."""
-        r = vals[pos]
-        g = wrap64(r[FEAT] + term_int(r[TOK], pos + 1)) % M
-        seen = prefix_hashes(vals, width, (TOK, FEAT))[-1]
-        if topk == 1:
-            return g, self.heads([g], [seen], [pos + 2], [seed], [seeded])[0]
-        return g, self.tree_head(g, seen, pos + 2, seed, seeded, topk)
-
-    def tree_head(self, x: int, e: int, q: int, s: int, sd: bool, topk: int) -> list:
-        """``_agree(sample(mix(g, p), seeds, p, seeded), mix(seen, g, seeds, p), topk)``
-        of one query on Python ints (``x``: g, ``e``: seen, both in [0, M); ``q``: p),
-        as ``heads`` for a chain: the ``topk`` candidates of ``ranked``."""
-        V, A = self.vocab, self.agreement
-        like, u = self._head_chain(x, e, q, s, sd)
-        agrees = []
-        for r in range(topk):
-            y = self.salt + HEAD_SALT + RANK_SALT * r
-            t = (u * 48271 + (y % M) * 69621 + 12345) % M
-            agrees.append((t ^ (t >> 11)) % 100 < A)
-        t = (u * 48271 + _C3) % M
-        o = 1 + (t ^ (t >> 11)) % (V - 1)
-        taken = agrees[0]                 # ``ranked`` on ints
-        out = [like if taken else (like + o) % V]
-        used = 0 if taken else 1
-        for a in agrees[1:]:
-            pick = a and not taken
-            off = 1 + (o - 1 + used) % (V - 1)
-            out.append(like if pick else (like + off) % V)
-            used += 0 if pick else 1
-            taken = taken or pick
-        return out
-
-    def mtp_rows(self, vals, width: int, pos: int, tok: int, feat: int, seed: int,
-                 seeded: bool):
-        """``mtp_step`` of one query on Python ints: ``vals``, the target KV rows of the
-        positions it reads (``row_slots`` up to its clamped ``lens``), ``pos`` small
-        (no int64 wrap in ``term``); returns (hidden, draft token)."""
-        g = wrap64(feat + term_int(tok, pos)) % M
-        seen = prefix_hashes(vals, width)[-1]
-        return g, self.heads([g], [seen], [pos + 1], [seed], [seeded])[0]
-
     # -- heads (oracle_heads) ---------------------------------------------------------------
     def eagle_write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
         slots = table[rows, pos]
@@ -595,5 +457,20 @@ class OracleHost:
         return g[:, None], self._head_tokens(g, seen, pos + 1, seeds, seeded)
 
 
-__all__ = ["OracleHost", "mix", "term", "raw_hash", "kept_sources", "store", "ranked", "POS",
+class EagleHeadHost:
+    """The oracle EAGLE head on numpy arrays (``OracleEagleHead.host``): its calls go to
+    the model's host mirror."""
+
+    def __init__(self, host: OracleHost):
+        self.write, self.out = host.eagle_write, host.eagle_out
+
+
+class MTPHeadHost:
+    """The oracle MTP head on numpy arrays (``OracleMTPHead.host``)."""
+
+    def __init__(self, host: OracleHost):
+        self.step = host.mtp_step
+
+
+__all__ = ["OracleHost", "EagleHeadHost", "MTPHeadHost", "mix", "term", "raw_hash", "kept_sources", "store", "ranked", "POS",
            "RID"]

@@ -66,7 +66,7 @@ def twins_agree(case):
     outs = []
     for twins in (True, False):
         rt = make_runtime("sim", strategy=case.schedule.make(), access="declared")
-        rt.host_twins = twins
+        rt.host_runs = twins
         outs.append(execute(case, runtime=rt))
     a, b = outs
     assert a.status == b.status and a.digest == b.digest

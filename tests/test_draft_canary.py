@@ -16,7 +16,6 @@ from overlapcheck.engine import canary as C
 from overlapcheck.protocol import canary as L
 from overlapcheck.protocol.digest import token_digest
 from overlapcheck.protocol import events as E
-from overlapcheck.engine import kernels_host as KH
 from overlapcheck.engine.kernels import N, RID, ROW, START
 from overlapcheck.run import Case, ScheduleSpec, execute
 
@@ -82,7 +81,7 @@ def test_the_batched_run_reports_what_the_events_do():
 
 
 @pytest.mark.parametrize("prefill", [False, True])
-def test_the_draft_canary_twin_is_the_kernel(prefill):
+def test_the_draft_canary_on_numpy_is_the_kernel_on_torch(prefill):
     rng = np.random.default_rng(3)
     for _ in range(40):
         b, width, pool = 2, 8, 24
@@ -100,8 +99,8 @@ def test_the_draft_canary_twin_is_the_kernel(prefill):
         t = [torch.from_numpy(a) for a in (kv, table, meta, lens, want)]
         C.canary_with_draft(t[0], t[1], t[2], t[3], t[4], (0, 1, 2), b, prefill, None,
                             t[0], (0, 1, 2), shift)
-        KH.canary_with_draft(kv, table, meta, lens, got, (0, 1, 2), b, prefill, None,
-                             kv, (0, 1, 2), shift)
+        C.canary_with_draft(kv, table, meta, lens, got, (0, 1, 2), b, prefill, None,
+                            kv, (0, 1, 2), shift)
         assert (got == want).all(), (got, want)
 
 

@@ -67,7 +67,7 @@ def test_ring_tiny_model_and_declared_accesses_under_full_inference(kind):
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle", "mtp"])
-def test_ring_host_twins_give_the_kernels_runs(kind):
+def test_ring_host_runs_give_the_kernels_runs(kind):
     cfg = EngineConfig(**{**BASE, "draft_kind": kind, "zero_bubble": True,
                           "model": "oracle-hostlens"})
     wl = generate(3, 6, cfg, max_prompt=12, max_new=16)

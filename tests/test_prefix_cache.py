@@ -203,7 +203,7 @@ def test_tiny_model_and_declared_accesses_under_full_inference():
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle"])
-def test_host_twins_give_the_kernels_runs(kind):
+def test_host_runs_give_the_kernels_runs(kind):
     cfg = EngineConfig(**{**BASE, "draft_kind": kind, "model": "oracle-hostlens"})
     wl = _wl(cfg, 3, 7)
     assert not twins_agree(Case(cfg, wl, ScheduleSpec("random", 5))).findings

@@ -7,6 +7,8 @@ leaks), equals its own non-overlap and no-spec runs, and accepts at least what a
 accepts; the fuzzer draws it; configs it does not run with are one-line errors."""
 import dataclasses
 
+import numpy as np
+
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -122,8 +124,11 @@ def test_the_accept_oracle_sees_a_tree_accepted_as_a_chain(monkeypatch):
         [f.text for f in out.findings]
 
 
-def test_tree_shape_and_paths():
-    parent, depth = K.tree_shape(3, 2, "cpu")
+@pytest.mark.parametrize("like", [torch.zeros(1, dtype=torch.int64), np.zeros(1, np.int64)])
+def test_tree_shape_and_paths(like):
+    """One source: the same tree in torch (a GPU) and numpy (the sim)."""
+    parent, depth = K.tree_shape(3, 2, like)
+    assert type(parent) is type(like) and type(depth) is type(like)
     assert parent.tolist() == [-1, 0, 0, 1, 1, 3, 3]
     assert depth.tolist() == [0, 1, 1, 2, 2, 3, 3]
     path = K.tree_paths(parent, depth, 3)

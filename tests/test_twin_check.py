@@ -1,19 +1,21 @@
-"""The sim's host twins are held to the torch kernels a GPU runs (device/twins.py): a
-checked run (``twins: check``, an eighth of the fuzzer's examples) finds a kernel edited
-without its twin, and a twin edited without its kernel; a twin that raises where its
-kernel runs is a finding, never a silent fallback; a correct run checked is clean and
-runs what the unchecked one runs."""
+"""The sim's host runs are held to the kernels a GPU runs (device/twins.py, device/xp.py):
+a kernel written once runs its own source on the sim, so an edit to it is what every
+run executes; a kernel that keeps a twin is checked against it in a checked run
+(``twins: check``, an eighth of the fuzzer's examples), which finds the kernel edited
+without its twin and the twin edited without its kernel; a host run that raises where
+the kernel runs is a finding, never a silent fallback; a correct run checked is clean
+and runs what the unchecked one runs."""
 import dataclasses
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from overlapcheck.device import make_runtime
+from overlapcheck.device import api, make_runtime, xp
 from overlapcheck.device.twins import TwinMismatch
+from overlapcheck.device.xp import NUMPY, of, one_source
 from overlapcheck.engine import EngineConfig
 from overlapcheck.engine import kernels as K
-from overlapcheck.engine import kernels_host  # noqa: F401 - registers the twins on the kernels
 from overlapcheck.fuzz.campaign import Campaign, Options
 from overlapcheck.fuzz.strategies import cases
 from overlapcheck.protocol import generate
@@ -24,6 +26,18 @@ from overlapcheck.run.case import CaseError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CFG = EngineConfig(row_width=48, pool_tokens=256)
+_accept = K.accept
+
+
+def _accept_twin(drafts, tgt, out_tok, out_acc, k, b):
+    """A twin of ``kernels.accept``: a second implementation on numpy, the matching
+    prefixes counted a row at a time."""
+    for i in range(b):
+        a = 1
+        while a <= k and drafts[i, a] == tgt[i, a - 1]:
+            a += 1
+        out_acc[i] = a
+    out_tok[:b, :k + 1] = tgt[:b, :k + 1]
 
 
 def _accept_without_bonus(drafts, tgt, out_tok, out_acc, k, b):
@@ -34,22 +48,42 @@ def _accept_without_bonus(drafts, tgt, out_tok, out_acc, k, b):
     out_tok[:b, :k + 1] = tgt[:b, :k + 1]
 
 
-_accept_without_bonus.host_twin = K.accept.host_twin
+@one_source
+def _accept_one_source_without_bonus(drafts, tgt, out_tok, out_acc, k, b):
+    """The same edit in ``kernels.accept``'s one source."""
+    xp = of(drafts)
+    match = xp.long(drafts[:b, 1:k + 1] == tgt[:b, :k])
+    out_acc[:b] = xp.clamp(xp.cumprod(match, 1).sum(1), None, k - 1) + 1
+    out_tok[:b, :k + 1] = tgt[:b, :k + 1]
+
+
+@one_source
+def _accept_wrong_on_numpy(drafts, tgt, out_tok, out_acc, k, b):
+    """``kernels.accept`` whose source means something else on numpy (as a namespace
+    slip would): the bonus is dropped there only."""
+    _accept(drafts, tgt, out_tok, out_acc, k, b)
+    if of(drafts) is NUMPY:
+        out_acc[:b] = NUMPY.clamp(out_acc[:b], None, k)
 
 
 @pytest.fixture
-def kernel_edited(monkeypatch):
+def twinned(monkeypatch):
+    """``kernels.accept`` with a twin registered (``xp.twin``), as a kernel keeps one."""
+    monkeypatch.setattr(_accept, "host_run", _accept_twin)
+    _accept_without_bonus.host_run = _accept_twin
+
+
+@pytest.fixture
+def kernel_edited(twinned, monkeypatch):
     monkeypatch.setattr(K, "accept", _accept_without_bonus)
 
 
 @pytest.fixture
-def twin_edited(monkeypatch):
-    real = K.accept.host_twin
-
+def twin_edited(twinned, monkeypatch):
     def twin(drafts, tgt, out_tok, out_acc, k, b):
-        real(drafts, tgt, out_tok, out_acc, k, b)
+        _accept_twin(drafts, tgt, out_tok, out_acc, k, b)
         out_acc[:b] = out_acc[:b].clip(max=k)      # the twin's bonus dropped
-    monkeypatch.setattr(K.accept, "host_twin", twin)
+    monkeypatch.setattr(_accept, "host_run", twin)
 
 
 def _case(twins, **cfg):
@@ -60,6 +94,50 @@ def _case(twins, **cfg):
 
 def _mismatch(out):
     return [f for f in out.findings if f.key[1] == TwinMismatch.__name__]
+
+
+def test_every_kernel_the_engine_launches_runs_its_own_source(monkeypatch):
+    """No kernel keeps a twin (``xp.TWINNED``): each one the engine launches on the sim,
+    in every draft kind and engine mode, runs its own source on numpy views."""
+    assert xp.TWINNED == []
+    launched = {}
+    real = api.Runtime._call
+
+    def spy(self, fn, args, kwargs):
+        launched[getattr(fn, "__qualname__", repr(fn))] = fn
+        return real(self, fn, args, kwargs)
+    monkeypatch.setattr(api.Runtime, "_call", spy)
+    for cfg in ({}, {"draft_kind": "eagle", "zero_bubble": True}, {"draft_kind": "mtp"},
+                {"topk": 3, "spec_steps": 3}, {"draft_kind": "eagle", "topk": 2},
+                {"kv_backup": True, "future_map": "ring"}, {"overlap": False},
+                {"prefix_cache": True}):
+        assert execute(_case("run", **cfg)).status == "completed", cfg
+    kernels = {n: fn for n, fn in launched.items() if getattr(fn, "host_run", None)}
+    assert len(kernels) >= 30, sorted(launched)
+    for name, fn in kernels.items():
+        assert fn.host_run is fn and fn.one_source, name
+    assert set(launched) - set(kernels) <= {"TensorBase.zero_"}, sorted(launched)
+
+
+def test_an_edited_one_source_kernel_is_what_the_sim_runs(monkeypatch):
+    """The experiment that once went unseen (the bonus token dropped in
+    ``kernels.accept``, while a twin ran in its place): the sim now runs the edited
+    source, and a plain run finds it; a checked run runs the same source both ways."""
+    monkeypatch.setattr(K, "accept", _accept_one_source_without_bonus)
+    for twins in ("run", "check"):
+        out = execute(_case(twins))
+        assert out.findings and not _mismatch(out), twins
+        assert "accept-oracle" in {f.checker for f in out.findings}, \
+            [f.text for f in out.findings]
+
+
+def test_a_source_that_means_something_else_on_numpy_is_found_when_checked(monkeypatch):
+    monkeypatch.setattr(K, "accept", _accept_wrong_on_numpy)
+    out = execute(_case("check"))
+    [f] = _mismatch(out)
+    assert "kernel 'test_twin_check._accept_wrong_on_numpy' on numpy and on torch " \
+        "disagree: 'out_acc' ([8] int64): 1 element(s) differ, first at [0]: kernel 4, " \
+        "twin 3" in f.text, f.text
 
 
 def test_a_kernel_edited_without_its_twin_is_found_only_when_checked(kernel_edited):
@@ -89,7 +167,7 @@ def test_a_checked_run_is_clean_and_runs_what_the_kernels_run():
 
 def _launch(rt, kernel, twin):
     """``kernel`` with ``twin`` launched once on a fresh buffer of ``rt``."""
-    kernel.host_twin = twin
+    kernel.host_run = twin
     s = rt.new_stream("s")
     buf = rt.empty((4,), torch.int64, "x", s)
     rt.launch(s, kernel, buf.t, name="k", writes=[buf])

@@ -78,8 +78,9 @@ def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: 
     (used by replayable backends: the sim); its randomness is the ``schedule``
     sub-stream of ``seed``. ``graphs`` (a GPU backend; with the detector, declared
     accesses only): the engine's model calls replay from CUDA graphs. ``twins`` (a
-    backend whose work is CPU tensor ops): ``run`` the kernels' host twins, ``check``
-    each against its kernel on the same inputs, or ``off`` (kernels only;
+    backend whose work is CPU tensor ops): ``run`` the kernels' host runs (their one
+    source on numpy views, ``device/xp.py``), ``check`` each against the kernel on the
+    tensors with the same inputs, or ``off`` (the kernels on the tensors only;
     ``device/twins.py``)."""
     import importlib
     from .twins import TWIN_MODES
@@ -97,6 +98,6 @@ def make_runtime(device: str = "sim", seed: int = 0, strategy="random", detect: 
     else:
         rt = runtime(detect=detect, access=access, on_race=on_race, graphs=graphs)
     if twins == "off":
-        rt.host_twins = False
-    rt.check_twins = twins == "check" and rt.host_twins
+        rt.host_runs = False
+    rt.check_twins = twins == "check" and rt.host_runs
     return rt

@@ -227,7 +227,7 @@ class Runtime:
         # (name, id of the calling code, line, copy) -> (that code, the OpInfo): ``_info``
         self._sites: Dict[tuple, tuple] = {}
         # run kernels' host twins where nothing intercepts (CPU work, no graphed model calls)
-        self.host_twins = self.cpu_work and not self.graphs
+        self.host_runs = self.cpu_work and not self.graphs
         self.check_twins = False   # twins="check": each twin launch runs its kernel too
         self._arrays: Dict[int, tuple] = {}    # id(tensor) -> (tensor, its numpy view)
         self._prune_at = _PRUNE_EVERY     # detector accesses at which records are pruned
@@ -613,11 +613,12 @@ class Runtime:
 
     def _call(self, fn, args, kwargs):
         """Run device work that nothing intercepts: on a backend whose work is CPU tensor
-        ops (``cpu_work``), a kernel's host twin where it has one (``fn.host_twin``: the
-        same function on numpy views of its tensors, see ``engine/kernels_host.py``),
-        held to its kernel (``device/twins.py``): a twin that raises is judged against
-        the kernel, never passed over, and ``twins="check"`` runs both and compares."""
-        twin = getattr(fn, "host_twin", None) if self.host_twins else None
+        ops (``cpu_work``), a kernel's host run where it has one (``fn.host_run``: its one
+        source, or a twin, on numpy views of its tensors, see ``device/xp.py``), held to
+        the kernel (``device/twins.py``): a host run that raises is judged against the
+        kernel on the tensors, never passed over, and ``twins="check"`` runs both and
+        compares."""
+        twin = getattr(fn, "host_run", None) if self.host_runs else None
         if twin is not None:
             get, host_array = self._arrays.get, self._host_array
             try:

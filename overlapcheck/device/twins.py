@@ -1,19 +1,21 @@
-"""Host twins held to their kernels (docs/design.md §3.4, "Twins held to their kernels").
+"""A kernel's host run held to the kernel (docs/design.md §3.4, "One source per kernel").
 
-Where nothing intercepts a launch, the sim runs a kernel's host twin (``fn.host_twin``:
-the same function on numpy views of its tensors, ``engine/kernels_host.py``) instead of
-the torch kernel a GPU runs. Two rules keep the twin honest:
+Where nothing intercepts a launch, the sim runs a kernel's host run (``fn.host_run``)
+on numpy views of its tensors: the kernel's own source, written once against
+``device/xp.py`` (``fn.host_run is fn``), or a *twin* (a second implementation,
+``xp.twin``) where one earns its place (none does in the engine today). Two rules keep
+the host run honest:
 
-* A twin that raises is never passed over in silence. Its kernel then runs on the same
-  inputs: where the kernel raises too, that is the engine's error (the twin refused what
-  torch refuses); where the kernel runs, the two disagree and ``TwinMismatch`` is raised
-  (a finding, like any exception out of a run). Only ``NoTwin`` (the twin has no path for
+* A host run that raises is never passed over in silence. The kernel then runs on the
+  tensors with the same inputs: where it raises too, that is the engine's error (numpy
+  refused what torch refuses); where it runs, the two disagree and ``TwinMismatch`` is
+  raised (a finding, like any exception out of a run). Only ``NoTwin`` (no host path for
   these arguments, e.g. a model without a host mirror) leaves the work to the kernel.
 * In a checked run (``twins="check"``, drawn by the fuzzer in a fixed share of its
-  examples) every twin launch runs both: the twin on numpy views of the arguments, then
-  the kernel on the arguments as they were before, and every tensor argument and the
-  return value must be equal, element for element. The run goes on with the kernel's
-  result: a checked run executes the source a GPU executes.
+  examples) every host-run launch runs both: on numpy views of the arguments, then the
+  kernel on the arguments as they were before, and every tensor argument and the return
+  value must be equal, element for element. The run goes on with the kernel's result:
+  a checked run executes the source a GPU executes, on the tensors.
 """
 from __future__ import annotations
 
@@ -31,10 +33,12 @@ class NoTwin(Exception):
 
 
 class TwinMismatch(Exception):
-    """A kernel and its host twin disagreed on the same inputs."""
+    """A kernel's host run (its twin, or its one source on numpy) and the kernel on
+    torch disagreed on the same inputs."""
 
-    def __init__(self, kernel: str, what: str):
-        super().__init__(f"kernel '{kernel}' and its host twin disagree: {what}")
+    def __init__(self, kernel: str, what: str, one_source: bool = False):
+        runs = "on numpy and on torch" if one_source else "and its host twin"
+        super().__init__(f"kernel '{kernel}' {runs} disagree: {what}")
         self.kernel, self.what = kernel, what
         self.finding_site = f"kernel {kernel}"     # one finding per kernel (run.driver)
 
@@ -93,14 +97,21 @@ def _differs(a, b) -> Optional[str]:
 
 
 def twin_failed(fn: Callable, args, kwargs, failed: Exception):
-    """The twin of kernel ``fn`` raised ``failed``: the same inputs go to the kernel,
-    whose own error stands where it fails too (twins refuse before any write, as torch
-    does); where it runs, ``TwinMismatch``. ``NoTwin``: the kernel's result."""
+    """The host run of kernel ``fn`` raised ``failed``: the same inputs go to the kernel
+    on the tensors, whose own error stands where it fails too (a twin refuses before any
+    write, as torch does; a one-source kernel fails at the same statement on both);
+    where it runs, ``TwinMismatch``. ``NoTwin``: the kernel's result."""
     if isinstance(failed, NoTwin):
         return fn(*args, **kwargs)
     fn(*args, **kwargs)
-    raise TwinMismatch(_name(fn), f"the twin raised {type(failed).__name__}: {failed}; "
-                                  f"the kernel ran") from failed
+    twin = getattr(fn, "host_run", None)
+    raise TwinMismatch(_name(fn), f"the {_host(fn, twin)} raised "
+                                  f"{type(failed).__name__}: {failed}; the kernel ran",
+                       twin is fn) from failed
+
+
+def _host(fn, twin) -> str:
+    return "numpy run" if twin is fn else "twin"
 
 
 def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
@@ -126,10 +137,11 @@ def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
         if twin_err is not None:
             raise        # both refuse these inputs: the kernel's error, where it happened
         raise TwinMismatch(_name(fn), f"the kernel raised {type(e).__name__}: {e}; "
-                                      f"the twin ran") from e
+                                      f"the {_host(fn, twin)} ran", twin is fn) from e
     if twin_err is not None:
-        raise TwinMismatch(_name(fn), f"the twin raised {type(twin_err).__name__}: "
-                                      f"{twin_err}; the kernel ran") from twin_err
+        raise TwinMismatch(_name(fn), f"the {_host(fn, twin)} raised "
+                                      f"{type(twin_err).__name__}: {twin_err}; the kernel ran",
+                           twin is fn) from twin_err
     problems: List[str] = []
     names = _arg_names(fn, len(args))
     for (i, a), t in zip(tensors, after_twin):
@@ -141,7 +153,7 @@ def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
     if d is not None:
         problems.append(f"return value: {d}")
     if problems:
-        raise TwinMismatch(_name(fn), "; ".join(problems[:3]))
+        raise TwinMismatch(_name(fn), "; ".join(problems[:3]), twin is fn)
     return out
 
 

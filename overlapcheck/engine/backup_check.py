@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device.xp import of, one_source
 from ..protocol.canary import BK_BAD, BK_END, BK_KPOS, BK_POS, BK_RID, BK_START, BK_TOK
 from .kernels import LAST, N, ROW, START
 
@@ -38,44 +39,47 @@ def allocate_spans(dev) -> None:
     dev.row_buffers.append(dev.backup_span)
 
 
+@one_source
 def reset_span(span, meta, b):
     """Forward stream, prefill: a row whose prefill ends here starts an empty span at the
     context it ends."""
-    m = meta[:b]
-    rows, last = m[:, ROW], (m[:, LAST] == 1).unsqueeze(1)
-    ctx = (m[:, START] + m[:, N]).unsqueeze(1).expand(b, SPAN)
-    span[rows] = torch.where(last, ctx, span[rows])
+    xp, m = of(meta), meta[:b]
+    rows, last = m[:, ROW], (m[:, LAST] == 1)[:, None]
+    ctx = xp.expand((m[:, START] + m[:, N])[:, None], (b, SPAN))
+    span[rows] = xp.where(last, ctx, span[rows])
 
 
+@one_source
 def note_backup(span, meta, lens, out_acc, b):
     """Backup stream, after ``backup_kv``: the verify's accepted positions join the span
     when they continue it."""
     rows = meta[:b, ROW]
     end = span[rows, 1]
-    span[rows, 1] = torch.where(end == lens[:b], lens[:b] + out_acc[:b], end)
+    span[rows, 1] = of(meta).where(end == lens[:b], lens[:b] + out_acc[:b], end)
 
 
+@one_source
 def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
     """Forward stream, decode: compare the host pool with the target KV over each row's
     span; fill the ``BK_*`` columns of ``out`` (the canary record)."""
     tok_c, pos_c, rid_c = tags
-    rows = meta[:b, ROW]
+    xp, rows = of(kv), meta[:b, ROW]
     s, e = span[rows, 0], span[rows, 1]
-    pos = torch.arange(table.shape[1], device=kv.device)
-    mask = (pos.unsqueeze(0) >= s.unsqueeze(1)) & (pos.unsqueeze(0) < e.unsqueeze(1))
+    pos = xp.arange(table.shape[1], kv)
+    mask = (pos[None, :] >= s[:, None]) & (pos[None, :] < e[:, None])
     src, dst = table[rows], host_table[rows]
     valid = (src >= 0) & (src < kv.shape[0]) & (dst >= 0) & (dst < host_kv.shape[0])
-    src = torch.where(mask & valid, src, 0)          # masked cells read the padding slot
-    dst = torch.where(mask & valid, dst, 0)
+    src = xp.where(mask & valid, src, 0)             # masked cells read the padding slot
+    dst = xp.where(mask & valid, dst, 0)
     held = host_kv[dst]
     bad = mask & (~valid | (held != kv[src]).any(-1))
     anybad = bad.any(1)
-    first = torch.where(anybad, bad.long().argmax(1), 0).unsqueeze(1)
-    at = held.gather(1, first.unsqueeze(2).expand(b, 1, held.shape[2])).squeeze(1)
+    first = xp.where(anybad, xp.long(bad).argmax(1), 0)[:, None]
+    at = xp.gather(held, 1, xp.expand(first[:, :, None], (b, 1, held.shape[2])))[:, 0]
     out[:b, BK_START] = s
     out[:b, BK_END] = e
     out[:b, BK_BAD] = bad.sum(1)
-    out[:b, BK_POS] = torch.where(anybad, first.squeeze(1), -1)
-    out[:b, BK_TOK] = at[:, tok_c].long()
-    out[:b, BK_KPOS] = at[:, pos_c].long()
-    out[:b, BK_RID] = at[:, rid_c].long()
+    out[:b, BK_POS] = xp.where(anybad, first[:, 0], -1)
+    out[:b, BK_TOK] = xp.long(at[:, tok_c])
+    out[:b, BK_KPOS] = xp.long(at[:, pos_c])
+    out[:b, BK_RID] = xp.long(at[:, rid_c])

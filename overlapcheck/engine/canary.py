@@ -10,8 +10,7 @@ columns are the protocol's (``overlapcheck/protocol/canary.py``).
 """
 from __future__ import annotations
 
-import torch
-
+from ..device.xp import of, one_source
 from ..protocol.canary import (C_BAD, C_DIGEST, C_KPOS, C_LEN, C_POS, C_RID, C_SLOT, C_TOK,
                                DK_DIGEST, DK_LEN, DK_SHIFT)
 from ..protocol.digest import DIGEST_M, weight
@@ -23,38 +22,40 @@ def tag_columns(model):
     return getattr(model, "kv_tag_columns", None)
 
 
+@one_source
 def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
     """Forward stream: fill ``out[:b]`` with the canary record of each entry. ``pfx``:
     the meta column of each entry's shared prefix length (prefix cache), whose slots
     hold KV another request wrote: there the position and the token digest are checked,
     not the writer."""
     tok_c, pos_c, rid_c = tags
-    m = meta[:b]
+    xp, m = of(kv), meta[:b]
     n = (m[:, START] + m[:, N]) if prefill else lens[:b]
-    pos = torch.arange(table.shape[1], device=kv.device)
-    mask = pos.unsqueeze(0) < n.unsqueeze(1)
+    pos = xp.arange(table.shape[1], kv)
+    mask = pos[None, :] < n[:, None]
     raw = table[m[:, ROW]]
     valid = (raw >= 0) & (raw < kv.shape[0])
-    slots = torch.where(mask & valid, raw, 0)          # masked cells read the padding slot
+    slots = xp.where(mask & valid, raw, 0)             # masked cells read the padding slot
     rows = kv[slots]                                   # [b, width, kv_width]
     foreign = rows[..., rid_c] != m[:, RID, None]
     if pfx is not None:
-        foreign = foreign & (pos.unsqueeze(0) >= m[:, pfx, None])
+        foreign = foreign & (pos[None, :] >= m[:, pfx, None])
     bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
     anybad = bad.any(1)
-    first = torch.where(anybad, bad.long().argmax(1), 0).unsqueeze(1)
-    at = rows.gather(1, first.unsqueeze(2).expand(b, 1, rows.shape[2])).squeeze(1)
+    first = xp.where(anybad, xp.long(bad).argmax(1), 0)[:, None]
+    at = xp.gather(rows, 1, xp.expand(first[:, :, None], (b, 1, rows.shape[2])))[:, 0]
     terms = (rows[..., tok_c] % DIGEST_M) * weight(pos) % DIGEST_M
     out[:b, C_LEN] = n
     out[:b, C_BAD] = bad.sum(1)
-    out[:b, C_SLOT] = torch.where(anybad, raw.gather(1, first).squeeze(1), -1)
-    out[:b, C_POS] = torch.where(anybad, first.squeeze(1), -1)
+    out[:b, C_SLOT] = xp.where(anybad, xp.gather(raw, 1, first)[:, 0], -1)
+    out[:b, C_POS] = xp.where(anybad, first[:, 0], -1)
     out[:b, C_TOK] = at[:, tok_c]
     out[:b, C_KPOS] = at[:, pos_c]
     out[:b, C_RID] = at[:, rid_c]
-    out[:b, C_DIGEST] = torch.where(mask, terms, 0).sum(1) % DIGEST_M
+    out[:b, C_DIGEST] = xp.where(mask, terms, 0).sum(1) % DIGEST_M
 
 
+@one_source
 def draft_canary(kv, table, meta, lens, out, tags, b, prefill, pfx, shift):
     """Forward stream: the ``DK_*`` columns of ``out[:b]``, the canary of a draft KV
     ``kv`` whose tag columns are ``tags`` and whose row at position p holds the token at
@@ -63,11 +64,12 @@ def draft_canary(kv, table, meta, lens, out, tags, b, prefill, pfx, shift):
     prefill), the context less ``shift`` for a prefill chunk (an EAGLE pair needs the
     token after it)."""
     m = meta[:b]
-    n = (m[:, START] + m[:, N] - shift).clamp(min=0) if prefill else lens[:b]
+    n = of(meta).clamp(m[:, START] + m[:, N] - shift, 0) if prefill else lens[:b]
     canary(kv, table, meta, n, out[:, DK_LEN:DK_DIGEST + 1], tags, b, False, pfx)
     out[:b, DK_SHIFT] = shift
 
 
+@one_source
 def canary_with_draft(kv, table, meta, lens, out, tags, b, prefill, pfx, dkv, dtags, shift):
     """``canary`` of the target KV, then ``draft_canary`` of the draft KV ``dkv``: one
     launch, as the canary was before the draft KV had one (the same device work in the

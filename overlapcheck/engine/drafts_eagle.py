@@ -27,87 +27,96 @@ from typing import List
 
 import torch
 
+from ..device.xp import of, one_source
 from .faults import FaultSet
 from .kernels import (LAST, N, NEXT, P_POS, P_RID, P_ROW, P_TOK, RID, ROW, SAMPLE, SEED, SEEDED,
                       START, gate_mask, round_tokens, stores, tree_cut, tree_node)
 
 
+@one_source
 def eagle_prefill(model, head, kv, ekv, table, ptok, meta, out_tok, fm_draft, fm_hid, n, b,
                   dst=ROW, topk=1):
     """Pairs of the staged prompt tokens; on a last chunk, the final pair and the stash
     (at the FutureMap slot in meta column ``dst``; ``topk`` > 1: the first depth's
     candidates of a tree, docs/design.md §4.12)."""
-    p = ptok[:n]
+    xp = of(kv)
+    model, head, p = xp.model(model), xp.model(head), ptok[:n]
     rows, q = p[:, P_ROW], p[:, P_POS]
-    pos = (q - 1).clamp(min=0)
+    pos = xp.clamp(q - 1, 0)
     feats = model.target_hidden(kv, table, rows, pos + 1)
     head.write(ekv, table, rows, pos, p[:, P_TOK], feats, p[:, P_RID], keep=q >= 1)
     m = meta[:b]
     mrows, ctx, last = m[:, ROW], m[:, START] + m[:, N], m[:, LAST] == 1
-    tok = torch.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
+    tok = xp.where(m[:, SAMPLE] == 1, out_tok[:b, 0], m[:, NEXT])
     feats = model.target_hidden(kv, table, mrows, ctx)
     head.write(ekv, table, mrows, ctx - 1, tok, feats, m[:, RID], keep=last)
     g, d1 = head.out(ekv, table, mrows, ctx - 1, m[:, SEED], m[:, SEEDED] == 1, **_k(topk))
     slots, keep = m[:, dst], stores(last, dst)
-    fm_draft[slots] = torch.where(keep if topk == 1 else keep.unsqueeze(1), d1, fm_draft[slots])
-    fm_hid[slots] = torch.where(keep.unsqueeze(1), g.to(fm_hid.dtype), fm_hid[slots])
+    fm_draft[slots] = xp.where(keep if topk == 1 else keep[:, None], d1, fm_draft[slots])
+    fm_hid[slots] = xp.where(keep[:, None], xp.cast(g, fm_hid), fm_hid[slots])
 
 
+@one_source
 def eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, b, gate=None, hcol=None,
                   src=ROW):
     """Draft step 1: the first draft token and the hidden state, from the FutureMap slot
     in meta column ``src``."""
-    m = meta[:b]
+    model, m = of(meta).model(model), meta[:b]
     slots = m[:, src]
     drafts[:b, 1] = round_tokens(model, m, lens[:b], fm_draft[slots], drafts[:b, 1], gate, hcol)
     hid[:b] = fm_hid[slots]
 
 
+@one_source
 def eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, b, gate=None, hcol=None):
     """Draft step ``j`` (2..k): the pair (``drafts[j-1]``, chained hidden) at position
     ``lens + j - 2``, then the head's output there drafts token ``j``."""
-    m = meta[:b]
+    xp = of(ekv)
+    model, head, m = xp.model(model), xp.model(head), meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 2)
     head.write(ekv, table, rows, pos, drafts[:b, j - 1], hid[:b], m[:, RID],
                keep=gate_mask(m, gate))
     g, d = head.out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1)
     drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
-    hid[:b] = g.to(hid.dtype)
+    hid[:b] = xp.cast(g, hid)
 
 
+@one_source
 def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
                  width, b, by_position=False, dst=ROW, topk=1):
     """Pairs of the accepted positions from the verify's tokens and the target's hidden
     states; the head at the last one gives the next step's draft input, stashed at the
     request's FutureMap slot (meta column ``dst``; at its batch position under the fault
     ``eagle-stash-batch-position``)."""
-    m = meta[:b]
-    offs = torch.arange(width, device=kv.device)
-    pos = lens[:b].unsqueeze(1) + offs
-    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
-    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
+    xp = of(kv)
+    model, head, m = xp.model(model), xp.model(head), meta[:b]
+    offs = xp.arange(width, kv)
+    pos = lens[:b, None] + offs
+    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
+    keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
     feats = model.target_hidden(kv, table, rows, pos.reshape(-1) + 1)
-    rid = m[:, RID].unsqueeze(1).expand(b, width).reshape(-1)
+    rid = xp.expand(m[:, RID, None], (b, width)).reshape(-1)
     head.write(ekv, table, rows, pos.reshape(-1), out_tok[:b, :width].reshape(-1), feats, rid,
                keep=keep)
     last = lens[:b] + out_acc[:b] - 1
     g, d1 = head.out(ekv, table, m[:, ROW], last, m[:, SEED], m[:, SEEDED] == 1, **_k(topk))
-    dest = torch.arange(b, device=kv.device) if by_position else m[:, dst]
+    dest = xp.arange(b, kv) if by_position else m[:, dst]
     fm_draft[dest] = d1
-    fm_hid[dest] = g.to(fm_hid.dtype)
+    fm_hid[dest] = xp.cast(g, fm_hid)
 
 
+@one_source
 def eagle_extend_tagged_ahead(model, head, kv, ekv, table, meta, lens, out_tok, out_acc,
                               fm_draft, fm_hid, width, b, by_position=False, dst=ROW, topk=1):
     """``eagle_extend`` under the fault ``eagle-kv-tag-wrong``: the accepted positions'
     rows are tagged with the position of the token each holds (p + 1), not their own."""
     eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_draft, fm_hid,
                  width, b, by_position, dst, topk)
-    m = meta[:b]
-    offs = torch.arange(width, device=kv.device)
-    pos = lens[:b].unsqueeze(1) + offs
-    keep = offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)
-    slots = table[m[:, ROW].unsqueeze(1).expand(b, width), pos][keep]
+    xp, m = of(kv), meta[:b]
+    offs = xp.arange(width, kv)
+    pos = lens[:b, None] + offs
+    keep = offs[None, :] < out_acc[:b, None]
+    slots = table[xp.expand(m[:, ROW, None], (b, width)), pos][keep]
     ekv[slots, head.kv_tag_columns[1]] = pos[keep] + 1
 
 
@@ -116,26 +125,29 @@ def _k(topk: int) -> dict:
     return {"topk": topk} if topk > 1 else {}
 
 
+@one_source
 def tree_eagle_resolve(model, fm_draft, fm_hid, meta, drafts, lens, hid, topk, b, hcol=None,
                        src=ROW):
     """Tree drafts' step 1: the first depth's candidates and the hidden state, from the
     FutureMap slot in meta column ``src``."""
-    m = meta[:b]
+    model, m = of(meta).model(model), meta[:b]
     slots = m[:, src]
     drafts[:b, 1:1 + topk] = tree_cut(model, m, lens[:b], fm_draft[slots], hcol)
     hid[:b] = fm_hid[slots]
 
 
+@one_source
 def tree_eagle_step(model, head, ekv, table, meta, drafts, lens, hid, j, topk, b, hcol=None):
     """Tree drafts' step ``j`` (2..k): the pair (rank-0 node at depth j-1, chained hidden)
     at ``lens + j - 2``, then the head's ``topk`` candidates at depth j."""
-    m = meta[:b]
+    xp = of(ekv)
+    model, head, m = xp.model(model), xp.model(head), meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 2)
     head.write(ekv, table, rows, pos, drafts[:b, tree_node(j - 1, 0, topk)], hid[:b], m[:, RID])
     g, c = head.out(ekv, table, rows, pos, m[:, SEED], m[:, SEEDED] == 1, topk=topk)
     drafts[:b, tree_node(j, 0, topk):tree_node(j + 1, 0, topk)] = tree_cut(model, m, lens[:b], c,
                                                                           hcol)
-    hid[:b] = g.to(hid.dtype)
+    hid[:b] = xp.cast(g, hid)
 
 
 class EagleDraft:

@@ -25,43 +25,47 @@ from __future__ import annotations
 
 from typing import List
 
-import torch
-
+from ..device.xp import of, one_source
 from .faults import FaultSet
 from .kernels import LAST, N, ROW, SEED, SEEDED, START, round_tokens, stores
 
 
+@one_source
 def mtp_prefill_seed(model, kv, table, meta, fm_hid, b, dst=ROW):
     """Last prefill chunk: stash the target's hidden state at ``P - 1`` (FutureMap slot in
     meta column ``dst``)."""
-    m = meta[:b]
+    xp = of(kv)
+    model, m = xp.model(model), meta[:b]
     rows, last = m[:, ROW], m[:, LAST] == 1
-    h = model.target_hidden(kv, table, rows, m[:, START] + m[:, N]).to(fm_hid.dtype)
+    h = xp.cast(model.target_hidden(kv, table, rows, m[:, START] + m[:, N]), fm_hid)
     slots, keep = m[:, dst], stores(last, dst)
-    fm_hid[slots] = torch.where(keep.unsqueeze(1), h, fm_hid[slots])
+    fm_hid[slots] = xp.where(keep[:, None], h, fm_hid[slots])
 
 
+@one_source
 def mtp_step(model, head, kv, table, meta, drafts, lens, fm_hid, hid, j, b, frozen=0,
              gate=None, hcol=None, src=ROW):
     """Draft step ``j``: token ``drafts[j-1]`` at ``lens + j - 1`` -> draft token ``j``,
     attending to the target KV of positions ``0..lens-1+frozen`` (``frozen`` is 0 but
     under the fault ``mtp-draft-reads-unfrozen-kv``); step 1 starts from the hidden state
     at the FutureMap slot in meta column ``src``."""
-    m = meta[:b]
+    xp = of(kv)
+    model, head, m = xp.model(model), xp.model(head), meta[:b]
     rows = m[:, ROW]
     feats = fm_hid[m[:, src]] if j == 1 else hid[:b]
     g, d = head.step(kv, table, rows, lens[:b] + frozen, lens[:b] + (j - 1), drafts[:b, j - 1],
                      feats, m[:, SEED], m[:, SEEDED] == 1)
     drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
-    hid[:b] = g.to(hid.dtype)
+    hid[:b] = xp.cast(g, hid)
 
 
+@one_source
 def mtp_seed(model, kv, table, meta, lens, out_acc, fm_hid, b, dst=ROW):
     """After the verify: the target's hidden state at the new last committed position
     (FutureMap slot in meta column ``dst``)."""
-    rows = meta[:b, ROW]
-    fm_hid[meta[:b, dst]] = model.target_hidden(kv, table, rows,
-                                                lens[:b] + out_acc[:b]).to(fm_hid.dtype)
+    xp, rows = of(kv), meta[:b, ROW]
+    fm_hid[meta[:b, dst]] = xp.cast(xp.model(model).target_hidden(kv, table, rows,
+                                                                  lens[:b] + out_acc[:b]), fm_hid)
 
 
 class MTPDraft:

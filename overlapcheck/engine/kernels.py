@@ -17,7 +17,7 @@ them (None: it does not); see ``drafts_round``.
 """
 from __future__ import annotations
 
-import torch
+from ..device.xp import of, one_source
 
 # meta columns (LSUM: the host's seq_lens_sum of the batch with verify_sync, else 0)
 ROW, RID, SEED, SEEDED, START, N, SAMPLE, LAST, NEXT, LSUM = range(10)
@@ -45,6 +45,7 @@ def pfx_column(cfg):
 P_ROW, P_POS, P_TOK, P_RID = range(4)
 
 
+@one_source
 def write_table(table, cells, n):
     """Schedule stream: ``table[row, pos] = slot`` for the first ``n`` staged cells.
     A row-major offset, as a device kernel computes it: no bound check per row (a cell
@@ -62,39 +63,43 @@ def table_cells(cells, shape):
     return [c for c in cells if c[0] * w + c[1] < rows * w]
 
 
+@one_source
 def prefill_write(model, kv, draft_kv, table, ptok, n):
     """Write the KV of ``n`` staged prompt tokens (target, and draft when present)."""
-    p = ptok[:n]
+    model, p = of(kv).model(model), ptok[:n]
     args = (table, p[:, P_ROW], p[:, P_POS], p[:, P_TOK], p[:, P_RID])
     model.write_kv(kv, *args)
     if draft_kv is not None:
         model.write_draft_kv(draft_kv, *args)
 
 
+@one_source
 def prefill_finish(model, kv, table, fm_tok, fm_len, meta, out_tok, out_acc, b, dst=ROW):
     """Sample the first output token where a chunk ends the prompt; stash the next
     decode input (sampled, or host-known after a retraction) into the FutureMap. A
     request-pool row keeps its value until the last chunk; a ring slot (``dst`` not
     ``ROW``) is the entry's own, and every chunk stores there what it sampled, as
     SGLang's chunks do (``stores``)."""
-    m = meta[:b]
+    xp = of(kv)
+    model, m = xp.model(model), meta[:b]
     rows, ctx = m[:, ROW], m[:, START] + m[:, N]
     t = model.target(kv, table, rows, ctx, m[:, SEED], m[:, SEEDED] == 1)
     sample, last = m[:, SAMPLE] == 1, m[:, LAST] == 1
-    out_tok[:b, 0] = torch.where(sample, t, -1)
-    out_acc[:b] = sample.long()
-    nxt = torch.where(sample | ~last, t, m[:, NEXT])
+    out_tok[:b, 0] = xp.where(sample, t, -1)
+    out_acc[:b] = xp.long(sample)
+    nxt = xp.where(sample | ~last, t, m[:, NEXT])
     slots, keep = m[:, dst], stores(last, dst)
-    fm_tok[slots] = torch.where(keep, nxt, fm_tok[slots])
-    fm_len[slots] = torch.where(keep, ctx, fm_len[slots])
+    fm_tok[slots] = xp.where(keep, nxt, fm_tok[slots])
+    fm_len[slots] = xp.where(keep, ctx, fm_len[slots])
 
 
 def stores(last, dst):
     """The prefill entries that stash into the FutureMap: the last chunks with the
     row-indexed one; every entry with the ring (its slot is its own)."""
-    return last if dst == ROW else torch.ones_like(last)
+    return last if dst == ROW else of(last).ones_like(last)
 
 
+@one_source
 def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):
     """Read this step's inputs from the FutureMap (stashed by an earlier step)."""
     slots = meta[:b, src]
@@ -102,27 +107,30 @@ def resolve(fm_tok, fm_len, meta, drafts, lens, b, src=ROW):
     lens[:b] = fm_len[slots]
 
 
+@one_source
 def seq_lens_sum(meta, lens, out, b, from_host):
     """The batch's total sequence length for the attention metadata: the host's value
     staged in ``meta`` (verify_sync) or summed on the device."""
     out[0] = meta[0, LSUM] if from_host else lens[:b].sum()
 
 
+@one_source
 def publish_lens(lens, out_acc, new_lens, b):
     """The new committed lengths after a verify, for the host's next seq_lens_sum."""
     new_lens[:b] = lens[:b] + out_acc[:b]
 
 
+@one_source
 def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
     """Backup stream: copy the KV of each entry's accepted positions to the host pool."""
-    m = meta[:b]
-    offs = torch.arange(width, device=kv.device)
-    pos = (lens[:b].unsqueeze(1) + offs).reshape(-1)
-    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
-    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
+    xp, m = of(kv), meta[:b]
+    offs = xp.arange(width, kv)
+    pos = (lens[:b, None] + offs).reshape(-1)
+    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
+    keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
     src, dst = table[rows, pos], host_table[rows, pos]
-    dst = torch.where(keep, dst, dst[0])     # dropped positions rewrite the first kept cell
-    src = torch.where(keep, src, src[0])
+    dst = xp.where(keep, dst, dst[0])     # dropped positions rewrite the first kept cell
+    src = xp.where(keep, src, src[0])
     host_kv[dst] = kv[src]
 
 
@@ -136,12 +144,13 @@ def round_tokens(model, m, lens, new, old, gate, hcol):
     that reads them; entries outside the round (``gate``) keep ``old``."""
     if hcol is not None:
         new = model.host_lens_cut(new, lens, m[:, hcol])
-    return new if gate is None else torch.where(m[:, gate] == 1, new, old)
+    return new if gate is None else of(new).where(m[:, gate] == 1, new, old)
 
 
+@one_source
 def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol=None):
     """Draft step ``j`` (1..k): write the previous token's draft KV, draft token j."""
-    m = meta[:b]
+    model, m = of(draft_kv).model(model), meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 1)
     model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, j - 1], m[:, RID],
                          keep=gate_mask(m, gate))
@@ -149,73 +158,84 @@ def draft_step(model, draft_kv, table, meta, drafts, lens, j, b, gate=None, hcol
     drafts[:b, j] = round_tokens(model, m, lens[:b], d, drafts[:b, j], gate, hcol)
 
 
+@one_source
 def restore(fm_drafts, meta, drafts, k, b, src=ROW):
     """Zero bubble: the drafts of entries with a pre-drafted round, from the FutureMap."""
     m = meta[:b]
-    pre = (m[:, NOW] == 0).unsqueeze(1)
-    drafts[:b, 1:k + 1] = torch.where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
+    pre = (m[:, NOW] == 0)[:, None]
+    drafts[:b, 1:k + 1] = of(meta).where(pre, fm_drafts[m[:, src]], drafts[:b, 1:k + 1])
 
 
+@one_source
 def ahead_start(meta, lens, out_tok, out_acc, next_drafts, next_lens, b):
     """Zero bubble, after the draft-extend: the next round's input (the bonus token) and
     start length; 0 for entries that do not pre-draft (their positions stay in the row)."""
-    m, acc = meta[:b], out_acc[:b]
-    next_drafts[:b, 0] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
-    next_lens[:b] = torch.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
+    xp, m, acc = of(meta), meta[:b], out_acc[:b]
+    next_drafts[:b, 0] = xp.gather(out_tok[:b], 1, (acc - 1)[:, None])[:, 0]
+    next_lens[:b] = xp.where(m[:, AHEAD] == 1, lens[:b] + acc, 0)
 
 
+@one_source
 def ahead_stash(fm_drafts, meta, next_drafts, k, b, dst=ROW):
     """Zero bubble: stash the pre-drafted round's k drafts at the request's FutureMap slot."""
-    slots, ahead = meta[:b, dst], (meta[:b, AHEAD] == 1).unsqueeze(1)
-    fm_drafts[slots] = torch.where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
+    slots, ahead = meta[:b, dst], (meta[:b, AHEAD] == 1)[:, None]
+    fm_drafts[slots] = of(meta).where(ahead, next_drafts[:b, 1:k + 1], fm_drafts[slots])
 
 
+@one_source
 def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     """Target over the input and the drafts (``width`` = k+1 positions): writes their
     KV, computes the target token after each."""
-    m = meta[:b]
-    offs = torch.arange(width, device=kv.device)
-    pos = lens[:b].unsqueeze(1) + offs                       # [b, width]
-    rows = m[:, ROW].unsqueeze(1).expand(b, width)
-    rid = m[:, RID].unsqueeze(1).expand(b, width)
+    xp = of(kv)
+    model, m = xp.model(model), meta[:b]
+    offs = xp.arange(width, kv)
+    pos = lens[:b, None] + offs                              # [b, width]
+    rows = xp.expand(m[:, ROW, None], (b, width))
+    rid = xp.expand(m[:, RID, None], (b, width))
     model.write_kv(kv, table, rows.reshape(-1), pos.reshape(-1), drafts[:b, :width].reshape(-1),
                    rid.reshape(-1))
-    seeds = m[:, SEED].unsqueeze(1).expand(b, width).reshape(-1)
-    seeded = (m[:, SEEDED] == 1).unsqueeze(1).expand(b, width).reshape(-1)
+    seeds = xp.expand(m[:, SEED, None], (b, width)).reshape(-1)
+    seeded = xp.expand((m[:, SEEDED] == 1)[:, None], (b, width)).reshape(-1)
     t = model.target(kv, table, rows.reshape(-1), (pos + 1).reshape(-1), seeds, seeded)
     tgt[:b, :width] = t.reshape(b, width)
 
 
+@one_source
 def accept(drafts, tgt, out_tok, out_acc, k, b):
     """Greedy acceptance: the longest prefix of drafts equal to the target's tokens,
     plus the bonus token. ``out_acc`` in 1..k+1; ``out_tok[:, :acc]`` committed."""
-    match = (drafts[:b, 1:k + 1] == tgt[:b, :k]).long()
-    out_acc[:b] = torch.cumprod(match, 1).sum(1) + 1
+    xp = of(drafts)
+    match = xp.long(drafts[:b, 1:k + 1] == tgt[:b, :k])
+    out_acc[:b] = xp.cumprod(match, 1).sum(1) + 1
     out_tok[:b, :k + 1] = tgt[:b, :k + 1]
 
 
+@one_source
 def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
     """Bring the draft KV up to the new committed length: accepted inputs only."""
-    m = meta[:b]
-    offs = torch.arange(width, device=draft_kv.device)
-    pos = lens[:b].unsqueeze(1) + offs
-    keep = (offs.unsqueeze(0) < out_acc[:b].unsqueeze(1)).reshape(-1)
-    rows = m[:, ROW].unsqueeze(1).expand(b, width).reshape(-1)
-    rid = m[:, RID].unsqueeze(1).expand(b, width).reshape(-1)
+    xp = of(draft_kv)
+    model, m = xp.model(model), meta[:b]
+    offs = xp.arange(width, draft_kv)
+    pos = lens[:b, None] + offs
+    keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
+    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
+    rid = xp.expand(m[:, RID, None], (b, width)).reshape(-1)
     model.write_draft_kv(draft_kv, table, rows, pos.reshape(-1), drafts[:b, :width].reshape(-1),
                          rid, keep=keep)
 
 
+@one_source
 def stash(fm_tok, fm_len, meta, lens, out_tok, out_acc, b, dst=ROW):
     """Publish the next step's input: the bonus token and the new committed length."""
     slots, acc = meta[:b, dst], out_acc[:b]
-    fm_tok[slots] = out_tok[:b].gather(1, (acc - 1).unsqueeze(1)).squeeze(1)
+    fm_tok[slots] = of(meta).gather(out_tok[:b], 1, (acc - 1)[:, None])[:, 0]
     fm_len[slots] = lens[:b] + acc
 
 
+@one_source
 def decode(model, kv, table, meta, drafts, lens, out_tok, out_acc, b):
     """No-spec decode: write the input's KV, sample one token."""
-    m = meta[:b]
+    model, m = of(kv).model(model), meta[:b]
     rows, pos = m[:, ROW], lens[:b]
     model.write_kv(kv, table, rows, pos, drafts[:b, 0], m[:, RID])
     out_tok[:b, 0] = model.target(kv, table, rows, pos + 1, m[:, SEED], m[:, SEEDED] == 1)
@@ -229,34 +249,37 @@ def tree_node(depth: int, rank: int, topk: int) -> int:
     return 1 + (depth - 1) * topk + rank
 
 
-def tree_shape(k: int, topk: int, device):
+def tree_shape(k: int, topk: int, like):
     """The draft tree as a parent array: node ``tree_node(d, r)`` is the rank-r candidate
     at depth d, a child of the rank-0 node at depth d-1 (the root for d = 1); the root's
-    parent is -1. Returns (parent, depth), [1 + k * topk] each."""
-    i = torch.arange(1 + k * topk, device=device)
-    depth = torch.where(i == 0, 0, (i - 1) // topk + 1)
-    parent = torch.where(depth <= 1, 0, 1 + (depth - 2) * topk)
-    return torch.where(i == 0, -1, parent), depth
+    parent is -1. Returns (parent, depth), [1 + k * topk] each, in ``like``'s namespace
+    and on its device."""
+    xp = of(like)
+    i = xp.arange(1 + k * topk, like)
+    depth = xp.where(i == 0, 0, (i - 1) // topk + 1)
+    parent = xp.where(depth <= 1, 0, 1 + (depth - 2) * topk)
+    return xp.where(i == 0, -1, parent), depth
 
 
 def tree_paths(parent, depth, k: int):
     """[n, k+1]: per node, its ancestor at each depth 0..depth (itself at its own depth
     and past it), found by walking the parent array up."""
-    n = parent.shape[0]
-    node = torch.arange(n, device=parent.device)
-    path = node.unsqueeze(1).repeat(1, k + 1)
+    xp, n = of(parent), parent.shape[0]
+    node = xp.arange(n, parent)
+    path = node[:, None] + xp.zeros((n, k + 1), parent)
     cur = node
     for _ in range(k + 1):
         path[node, depth[cur]] = cur
-        cur = torch.where(parent[cur] >= 0, parent[cur], cur)
+        cur = xp.where(parent[cur] >= 0, parent[cur], cur)
     return path
 
 
+@one_source
 def tree_draft_step(model, draft_kv, table, meta, drafts, lens, j, topk, b, hcol=None):
     """Tree draft step ``j`` (1..k), standalone: write the draft KV of the rank-0 node at
     depth j-1 (the root for j = 1) at ``lens + j - 1``, then the ``topk`` candidates at
     depth j."""
-    m = meta[:b]
+    model, m = of(draft_kv).model(model), meta[:b]
     rows, pos = m[:, ROW], lens[:b] + (j - 1)
     prev = 0 if j == 1 else tree_node(j - 1, 0, topk)
     model.write_draft_kv(draft_kv, table, rows, pos, drafts[:b, prev], m[:, RID])
@@ -269,71 +292,77 @@ def tree_cut(model, m, lens, cands, hcol):
     """``round_tokens`` for a depth's candidates ([b, topk]), ungated."""
     if hcol is None:
         return cands
-    return model.host_lens_cut(cands, lens.unsqueeze(1), m[:, hcol].unsqueeze(1))
+    return model.host_lens_cut(cands, lens[:, None], m[:, hcol, None])
 
 
+@one_source
 def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
     """Target over the tree (``1 + k*topk`` nodes) under a tree mask: node i writes its KV
     at row position ``lens + i`` as the token at position ``lens + depth(i)``, and its
     query sees the committed prefix and its ancestors. The mask is a per-node view of the
     request's row: positions ``0..lens-1`` as they are, position ``lens + e`` read from the
     cell of the node's ancestor at depth e."""
-    m = meta[:b]
-    parent, depth = tree_shape(k, topk, kv.device)
+    xp = of(kv)
+    model, m = xp.model(model), meta[:b]
+    parent, depth = tree_shape(k, topk, kv)
     path = tree_paths(parent, depth, k)                          # [n, k+1]
     n, w = parent.shape[0], table.shape[1]
-    L = lens[:b].view(b, 1, 1)
-    rel = torch.arange(w, device=kv.device).view(1, 1, w) - L    # [b, 1, w]
-    inpath = (rel >= 0) & (rel <= depth.view(1, n, 1))           # [b, n, w]
-    anc = path.unsqueeze(0).expand(b, n, k + 1).gather(2, rel.clamp(0, k).expand(b, n, w))
-    cols = torch.where(inpath, L + anc, rel + L)
-    view = table[m[:, ROW]].unsqueeze(1).expand(b, n, w).gather(2, cols).reshape(b * n, w)
-    q = torch.arange(b * n, device=kv.device)
-    pos = (lens[:b].unsqueeze(1) + depth.unsqueeze(0)).reshape(-1)
-    rid = m[:, RID].unsqueeze(1).expand(b, n).reshape(-1)
+    L = lens[:b].reshape(b, 1, 1)
+    rel = xp.arange(w, kv).reshape(1, 1, w) - L                  # [b, 1, w]
+    inpath = (rel >= 0) & (rel <= depth.reshape(1, n, 1))        # [b, n, w]
+    anc = xp.gather(xp.expand(path[None], (b, n, k + 1)), 2,
+                    xp.expand(xp.clamp(rel, 0, k), (b, n, w)))
+    cols = xp.where(inpath, L + anc, rel + L)
+    view = xp.gather(xp.expand(table[m[:, ROW]][:, None], (b, n, w)), 2, cols).reshape(b * n, w)
+    q = xp.arange(b * n, kv)
+    pos = (lens[:b, None] + depth[None, :]).reshape(-1)
+    rid = xp.expand(m[:, RID, None], (b, n)).reshape(-1)
     model.write_kv(kv, view, q, pos, drafts[:b, :n].reshape(-1), rid)
-    seeds = m[:, SEED].unsqueeze(1).expand(b, n).reshape(-1)
-    seeded = (m[:, SEEDED] == 1).unsqueeze(1).expand(b, n).reshape(-1)
+    seeds = xp.expand(m[:, SEED, None], (b, n)).reshape(-1)
+    seeded = xp.expand((m[:, SEEDED] == 1)[:, None], (b, n)).reshape(-1)
     tgt[:b, :n] = model.target(kv, view, q, pos + 1, seeds, seeded).reshape(b, n)
 
 
+@one_source
 def tree_accept(drafts, tgt, out_tok, out_acc, path, chain, k, topk, b):
     """Greedy tree acceptance: from the root, step to the first child whose token equals
     the target's token at the current node, while one does; ``out_acc`` = nodes accepted
     past the root + 1 (the bonus). ``path[:, d]``: the accepted node at depth d (the last
     one past the accept length); ``out_tok[:, d]``: the target's token after it;
     ``chain[:, d]``: its token (the inputs the draft-extend writes)."""
-    parent, _ = tree_shape(k, topk, drafts.device)
+    xp = of(drafts)
+    parent, _ = tree_shape(k, topk, drafts)
     n = parent.shape[0]
     tok, t = drafts[:b, :n], tgt[:b, :n]
-    cur = torch.zeros(b, dtype=torch.int64, device=drafts.device)
-    acc = torch.ones_like(cur)
-    alive = torch.ones(b, dtype=torch.bool, device=drafts.device)
-    nodes = torch.zeros((b, k + 1), dtype=torch.int64, device=drafts.device)
+    cur = xp.zeros(b, drafts)
+    acc = xp.ones_like(cur)
+    alive = acc == 1
+    nodes = xp.zeros((b, k + 1), drafts)
     for d in range(1, k + 1):
-        want = t.gather(1, cur.unsqueeze(1))
-        hit = (parent.unsqueeze(0) == cur.unsqueeze(1)) & (tok == want) & alive.unsqueeze(1)
+        want = xp.gather(t, 1, cur[:, None])
+        hit = (parent[None, :] == cur[:, None]) & (tok == want) & alive[:, None]
         has = hit.any(1)
-        cur = torch.where(has, hit.long().argmax(1), cur)
+        cur = xp.where(has, xp.long(hit).argmax(1), cur)
         nodes[:, d] = cur
-        acc = acc + has.long()
+        acc = acc + xp.long(has)
         alive = alive & has
     out_acc[:b] = acc
-    out_tok[:b, :k + 1] = t.gather(1, nodes)
+    out_tok[:b, :k + 1] = xp.gather(t, 1, nodes)
     path[:b, :k + 1] = nodes
-    chain[:b, :k + 1] = tok.gather(1, nodes)
+    chain[:b, :k + 1] = xp.gather(tok, 1, nodes)
 
 
+@one_source
 def tree_compact(kv, table, meta, lens, path, out_acc, k, b):
     """Move the accepted path's KV to contiguous positions: the node at depth d (row
     position ``lens + path[d]``) to ``lens + d``, for the accepted depths (SGLang's
     move of the accepted tokens' KV with topk > 1). Every source is read before any
     write."""
-    m = meta[:b]
-    rows = m[:, ROW].unsqueeze(1)
-    d = torch.arange(1, k + 1, device=kv.device).unsqueeze(0)
-    L = lens[:b].unsqueeze(1)
+    xp, m = of(kv), meta[:b]
+    rows = m[:, ROW, None]
+    d = (xp.arange(k, kv) + 1)[None, :]
+    L = lens[:b, None]
     src = table[rows, L + path[:b, 1:k + 1]]
     dst = table[rows, L + d]
-    keep = d < out_acc[:b].unsqueeze(1)
-    kv[dst.reshape(-1)] = kv[torch.where(keep, src, dst).reshape(-1)]
+    keep = d < out_acc[:b, None]
+    kv[dst.reshape(-1)] = kv[xp.where(keep, src, dst).reshape(-1)]

@@ -130,8 +130,8 @@ class ReferenceTarget(Target):
             device, strategy=strategy, access=access, detect=detect, graphs=graphs,
             twins=twins)
         if runtime is not None and twins != "run":     # the caller's runtime, held to it
-            rt.host_twins = rt.host_twins and twins != "off"
-            rt.check_twins = twins == "check" and rt.host_twins
+            rt.host_runs = rt.host_runs and twins != "off"
+            rt.check_twins = twins == "check" and rt.host_runs
         if trace and rt.replayable:
             rt.trace = True
         factory = engine if engine is not None else make_engine

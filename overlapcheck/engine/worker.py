@@ -26,7 +26,6 @@ from ..protocol.types import PREFILL, SEEDED
 from . import backup_check as BK
 from . import canary as C
 from . import kernels as K
-from . import kernels_host  # noqa: F401 - registers the kernels' host twins (the sim's)
 from .buffers import DeviceState
 from .drafts import make_drafter
 from .drafts_round import DraftRounds

@@ -46,7 +46,7 @@ def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["overlapcheck.fuzz.campaign", "overlapcheck.fuzz.strategies",
                                 "overlapcheck.engine.target", "overlapcheck.engine.tp",
-                                "overlapcheck.engine.kernels_host", "fake_models",
+                                "fake_models",
                                 "fake_models.oracle_host", "invariants.base",
                                 "overlapcheck.fuzz.workers"])
     return ctx

@@ -265,7 +265,7 @@ def cases(draw, checks: Sequence[str] = (), faults: Sequence[str] = (),
         wl = shared_prefixes(draw, cfg, wl)
     # drawn last of all: the access audit (docs/design.md §3.4; in a quarter of the
     # examples the runtime also infers each declared launch's accesses) or the twins'
-    # check (§3.4; in an eighth, each host twin launch runs its kernel too)
+    # check (§3.4; in an eighth, each kernel run on numpy views runs on the tensors too)
     launches = draw(_LAUNCHES)
     return Case(cfg, wl, sched, tuple(checks), tuple(faults), audit=launches == "audit",
                 twins="check" if launches == "twins" else "run")

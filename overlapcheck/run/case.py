@@ -102,8 +102,10 @@ class Case:
     # the runtime also infers each declared launch's accesses and reports what its
     # declaration leaves out (``device/audit.py``); a target that audits (``audits``)
     audit: bool = False
-    # ``check``: every host twin launch also runs its kernel on the same inputs, and the
-    # two must agree (``device/twins.py``); ``off``: kernels only; a target with twins
+    # ``check``: every host-run launch (a kernel's source on numpy views) also runs the
+    # kernel on the tensors with the same inputs, and the two must agree
+    # (``device/twins.py``); ``off``: the kernels on the tensors only (a target whose
+    # kernels have host runs: ``twins = True``)
     twins: str = "run"
 
     def to_dict(self) -> dict:

@@ -82,9 +82,9 @@ def register(subparsers) -> None:
     p.add_argument("--access", default="declared", choices=ACCESS_MODES,
                    help="race detector access mode (infer: intercept every op)")
     p.add_argument("--twins", default="run", choices=("run", "check", "off"),
-                   help="sim: run the kernels' host twins (run), each against its torch "
-                        "kernel on the same inputs (check: a disagreement is a finding), or "
-                        "the torch kernels only (off)")
+                   help="sim: run the kernels on numpy views of their tensors (run), "
+                        "each against the kernel on the tensors with the same inputs "
+                        "(check: a disagreement is a finding), or on the tensors only (off)")
     p.add_argument("--check", default="all", metavar="NAMES",
                    help="comma-separated checkers to run (default all)")
     p.add_argument("--log", metavar="FILE", help="write the event stream as JSON lines")
