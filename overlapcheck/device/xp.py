@@ -10,7 +10,8 @@ meaning:
 
 * ``where(c, a, b)``, ``arange(n, like)``, ``ones_like``, ``zeros(shape, like)``;
 * ``long(x)``: int64, ``cast(x, like)``: ``like``'s dtype (no copy when it already is);
-* ``cumprod(x, axis)``, ``clamp(x, lo, hi)``, ``expand(x, shape)`` (a broadcast view);
+* ``cumprod(x, axis)``, ``clamp(x, lo, hi)``, ``expand(x, shape)`` (a broadcast view),
+  ``repeat_each(x, n)`` (each value of a 1-d ``x`` ``n`` times in a row);
 * ``gather(x, axis, idx)``: torch's ``gather``, which refuses an index out of
   ``[0, size)`` (numpy's ``take_along_axis`` would wrap a negative one);
 * ``model(m)``: the model a kernel calls: itself on torch; on numpy its host mirror
@@ -61,9 +62,18 @@ class _Numpy:
 
     @staticmethod
     def gather(x, axis, idx):
-        if idx.size and (idx.min() < 0 or idx.max() >= x.shape[axis]):
+        if idx.size and idx.min() < 0:
+            raise IndexError("gather index out of range (torch refuses it)")
+        if axis == 1 and x.ndim == 2 and idx.ndim == 2:
+            # one fancy index (it refuses an index past the end, and more rows than x has)
+            return x[np.arange(idx.shape[0])[:, None], idx]
+        if idx.size and idx.max() >= x.shape[axis]:
             raise IndexError("gather index out of range (torch refuses it)")
         return np.take_along_axis(x, idx, axis)
+
+    @staticmethod
+    def repeat_each(x, n: int):
+        return np.repeat(x, n)
 
     @staticmethod
     def model(m):
@@ -107,6 +117,10 @@ class _Torch:
     @staticmethod
     def gather(x, axis, idx):
         return x.gather(axis, idx)
+
+    @staticmethod
+    def repeat_each(x, n: int):
+        return x.unsqueeze(1).expand(x.shape[0], n).reshape(-1)
 
     @staticmethod
     def model(m):

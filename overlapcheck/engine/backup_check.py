@@ -74,12 +74,12 @@ def check_backup(kv, host_kv, table, host_table, span, meta, out, tags, b):
     held = host_kv[dst]
     bad = mask & (~valid | (held != kv[src]).any(-1))
     anybad = bad.any(1)
-    first = xp.where(anybad, xp.long(bad).argmax(1), 0)[:, None]
-    at = xp.gather(held, 1, xp.expand(first[:, :, None], (b, 1, held.shape[2])))[:, 0]
+    first = xp.where(anybad, xp.long(bad).argmax(1), 0)
+    at = held[xp.arange(b, kv), first]               # [b, kv_width]
     out[:b, BK_START] = s
     out[:b, BK_END] = e
     out[:b, BK_BAD] = bad.sum(1)
-    out[:b, BK_POS] = xp.where(anybad, first[:, 0], -1)
+    out[:b, BK_POS] = xp.where(anybad, first, -1)
     out[:b, BK_TOK] = xp.long(at[:, tok_c])
     out[:b, BK_KPOS] = xp.long(at[:, pos_c])
     out[:b, BK_RID] = xp.long(at[:, rid_c])

@@ -42,13 +42,13 @@ def canary(kv, table, meta, lens, out, tags, b, prefill, pfx=None):
         foreign = foreign & (pos[None, :] >= m[:, pfx, None])
     bad = mask & (~valid | (rows[..., pos_c] != pos) | foreign)
     anybad = bad.any(1)
-    first = xp.where(anybad, xp.long(bad).argmax(1), 0)[:, None]
-    at = xp.gather(rows, 1, xp.expand(first[:, :, None], (b, 1, rows.shape[2])))[:, 0]
+    first, entry = xp.where(anybad, xp.long(bad).argmax(1), 0), xp.arange(b, kv)
+    at = rows[entry, first]                            # [b, kv_width]
     terms = (rows[..., tok_c] % DIGEST_M) * weight(pos) % DIGEST_M
     out[:b, C_LEN] = n
     out[:b, C_BAD] = bad.sum(1)
-    out[:b, C_SLOT] = xp.where(anybad, xp.gather(raw, 1, first)[:, 0], -1)
-    out[:b, C_POS] = xp.where(anybad, first[:, 0], -1)
+    out[:b, C_SLOT] = xp.where(anybad, raw[entry, first], -1)
+    out[:b, C_POS] = xp.where(anybad, first, -1)
     out[:b, C_TOK] = at[:, tok_c]
     out[:b, C_KPOS] = at[:, pos_c]
     out[:b, C_RID] = at[:, rid_c]

@@ -92,10 +92,10 @@ def eagle_extend(model, head, kv, ekv, table, meta, lens, out_tok, out_acc, fm_d
     model, head, m = xp.model(model), xp.model(head), meta[:b]
     offs = xp.arange(width, kv)
     pos = lens[:b, None] + offs
-    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
+    rows = xp.repeat_each(m[:, ROW], width)
     keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
     feats = model.target_hidden(kv, table, rows, pos.reshape(-1) + 1)
-    rid = xp.expand(m[:, RID, None], (b, width)).reshape(-1)
+    rid = xp.repeat_each(m[:, RID], width)
     head.write(ekv, table, rows, pos.reshape(-1), out_tok[:b, :width].reshape(-1), feats, rid,
                keep=keep)
     last = lens[:b] + out_acc[:b] - 1

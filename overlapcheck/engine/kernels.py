@@ -126,7 +126,7 @@ def backup_kv(kv, host_kv, table, host_table, meta, lens, out_acc, width, b):
     xp, m = of(kv), meta[:b]
     offs = xp.arange(width, kv)
     pos = (lens[:b, None] + offs).reshape(-1)
-    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
+    rows = xp.repeat_each(m[:, ROW], width)
     keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
     src, dst = table[rows, pos], host_table[rows, pos]
     dst = xp.where(keep, dst, dst[0])     # dropped positions rewrite the first kept cell
@@ -190,13 +190,12 @@ def verify(model, kv, table, meta, drafts, lens, tgt, width, b):
     model, m = xp.model(model), meta[:b]
     offs = xp.arange(width, kv)
     pos = lens[:b, None] + offs                              # [b, width]
-    rows = xp.expand(m[:, ROW, None], (b, width))
-    rid = xp.expand(m[:, RID, None], (b, width))
-    model.write_kv(kv, table, rows.reshape(-1), pos.reshape(-1), drafts[:b, :width].reshape(-1),
-                   rid.reshape(-1))
-    seeds = xp.expand(m[:, SEED, None], (b, width)).reshape(-1)
-    seeded = xp.expand((m[:, SEEDED] == 1)[:, None], (b, width)).reshape(-1)
-    t = model.target(kv, table, rows.reshape(-1), (pos + 1).reshape(-1), seeds, seeded)
+    rows = xp.repeat_each(m[:, ROW], width)
+    model.write_kv(kv, table, rows, pos.reshape(-1), drafts[:b, :width].reshape(-1),
+                   xp.repeat_each(m[:, RID], width))
+    seeds = xp.repeat_each(m[:, SEED], width)
+    seeded = xp.repeat_each(m[:, SEEDED] == 1, width)
+    t = model.target(kv, table, rows, (pos + 1).reshape(-1), seeds, seeded)
     tgt[:b, :width] = t.reshape(b, width)
 
 
@@ -218,8 +217,8 @@ def draft_extend(model, draft_kv, table, meta, drafts, lens, out_acc, width, b):
     offs = xp.arange(width, draft_kv)
     pos = lens[:b, None] + offs
     keep = (offs[None, :] < out_acc[:b, None]).reshape(-1)
-    rows = xp.expand(m[:, ROW, None], (b, width)).reshape(-1)
-    rid = xp.expand(m[:, RID, None], (b, width)).reshape(-1)
+    rows = xp.repeat_each(m[:, ROW], width)
+    rid = xp.repeat_each(m[:, RID], width)
     model.write_draft_kv(draft_kv, table, rows, pos.reshape(-1), drafts[:b, :width].reshape(-1),
                          rid, keep=keep)
 
@@ -316,10 +315,10 @@ def tree_verify(model, kv, table, meta, drafts, lens, tgt, k, topk, b):
     view = xp.gather(xp.expand(table[m[:, ROW]][:, None], (b, n, w)), 2, cols).reshape(b * n, w)
     q = xp.arange(b * n, kv)
     pos = (lens[:b, None] + depth[None, :]).reshape(-1)
-    rid = xp.expand(m[:, RID, None], (b, n)).reshape(-1)
+    rid = xp.repeat_each(m[:, RID], n)
     model.write_kv(kv, view, q, pos, drafts[:b, :n].reshape(-1), rid)
-    seeds = xp.expand(m[:, SEED, None], (b, n)).reshape(-1)
-    seeded = xp.expand((m[:, SEEDED] == 1)[:, None], (b, n)).reshape(-1)
+    seeds = xp.repeat_each(m[:, SEED], n)
+    seeded = xp.repeat_each(m[:, SEEDED] == 1, n)
     tgt[:b, :n] = model.target(kv, view, q, pos + 1, seeds, seeded).reshape(b, n)
 
 
