@@ -54,7 +54,10 @@ class _Numpy:
 
     @staticmethod
     def clamp(x, lo=None, hi=None):
-        return np.clip(x, lo, hi)
+        # np.clip's Python wrapper costs several of these ufunc calls
+        if lo is not None:
+            x = np.maximum(x, lo)
+        return x if hi is None else np.minimum(x, hi)
 
     @staticmethod
     def cast(x, like):
@@ -67,9 +70,13 @@ class _Numpy:
         if axis == 1 and x.ndim == 2 and idx.ndim == 2:
             # one fancy index (it refuses an index past the end, and more rows than x has)
             return x[np.arange(idx.shape[0])[:, None], idx]
-        if idx.size and idx.max() >= x.shape[axis]:
-            raise IndexError("gather index out of range (torch refuses it)")
-        return np.take_along_axis(x, idx, axis)
+        if idx.ndim != x.ndim:
+            raise IndexError("gather index must have as many dimensions as its input")
+        # out[i, j, ...] = x[i, ..., idx[i, j, ...], ...]: the other axes run over idx's
+        # own extent, which may be shorter than x's (torch's rule, not take_along_axis's)
+        grid = list(np.ogrid[tuple(slice(n) for n in idx.shape)])
+        grid[axis] = idx
+        return x[tuple(grid)]
 
     @staticmethod
     def repeat_each(x, n: int):
