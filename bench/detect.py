@@ -173,9 +173,10 @@ def main(argv=None) -> int:
     rows = []
     for n in names:
         row = summarize(n, by[(n, False)], (FAULTS[n].checker,))
-        rows.append(dict(row, cls=getattr(FAULTS[n], "cls", "")))
+        rows.append(dict(row, cls=FAULTS[n].extra.get("class", "")))
     clean = summarize(CLEAN, by[(CLEAN, False)], ())
-    race_off = [dict(summarize(n, by[(n, True)], DATA_CHECKERS), cls=FAULTS[n].cls) for n in off]
+    race_off = [dict(summarize(n, by[(n, True)], DATA_CHECKERS),
+                     cls=FAULTS[n].extra.get("class", "")) for n in off]
     pinned = f", config {dict(config)}" if config else ""
     print(_table(rows, f"detection ({args.target} {version}{pinned}): {args.runs} cold-start campaigns "
                        f"of {args.seconds:g} s per fault, all checkers on (found = through the "
