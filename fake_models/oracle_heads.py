@@ -26,10 +26,10 @@ from .oracle_rule import HEAD_SALT, KV_WIDTH, POS, RANK_SALT, RID, TOK, M, agree
 FEAT = KV_WIDTH   # the EAGLE KV's feature column
 
 
-class OracleEagleHead:
-    kv_width = KV_WIDTH + 1
-    kv_dtype = torch.int64
-    kv_tag_columns = (TOK, POS, RID)
+class _Head:
+    """An oracle draft head of ``model``."""
+
+    _host_class = ""     # its class on numpy arrays, in ``oracle_host``
 
     def __init__(self, model):
         self.model = model
@@ -39,9 +39,17 @@ class OracleEagleHead:
         """This head on numpy arrays, for the kernels' host runs (``device/xp.py``)."""
         h = self.__dict__.get("_host")
         if h is None:
-            from .oracle_host import EagleHeadHost
-            h = self._host = EagleHeadHost(self.model.host)
+            from . import oracle_host
+            h = self._host = getattr(oracle_host, self._host_class)(self.model.host)
         return h
+
+
+class OracleEagleHead(_Head):
+    kv_width = KV_WIDTH + 1
+    kv_dtype = torch.int64
+    kv_tag_columns = (TOK, POS, RID)
+
+    _host_class = "EagleHeadHost"
 
     def write(self, ekv, table, rows, pos, toks, feats, rids, keep=None) -> None:
         """Draft position ``pos`` from (token ``t_{pos+1}``, feature ``f_pos``)."""
@@ -61,18 +69,8 @@ class OracleEagleHead:
         return g.unsqueeze(1), _agree(m, like, mix(seen, g, seeds, pos + 2), topk)
 
 
-class OracleMTPHead:
-    def __init__(self, model):
-        self.model = model
-
-    @property
-    def host(self):
-        """This head on numpy arrays, for the kernels' host runs (``device/xp.py``)."""
-        h = self.__dict__.get("_host")
-        if h is None:
-            from .oracle_host import MTPHeadHost
-            h = self._host = MTPHeadHost(self.model.host)
-        return h
+class OracleMTPHead(_Head):
+    _host_class = "MTPHeadHost"
 
     def step(self, kv, table, rows, lens, pos, toks, feats, seeds, seeded):
         """Token ``toks`` at position ``pos`` with hidden ``feats`` (``f_{pos-1}``):
