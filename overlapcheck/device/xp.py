@@ -13,10 +13,11 @@ meaning:
 * ``cumprod(x, axis)``, ``clamp(x, lo, hi)``, ``expand(x, shape)`` (a broadcast view),
   ``repeat_each(x, n)`` (each value of a 1-d ``x`` ``n`` times in a row);
 * ``gather(x, axis, idx)``: torch's ``gather``, which refuses an index out of
-  ``[0, size)`` (numpy's ``take_along_axis`` would wrap a negative one);
-* ``model(m)``: the model a kernel calls: itself on torch; on numpy its host mirror
-  (``m.host``, the oracle family's), and ``NoTwin`` where it has none, so the runtime
-  runs the kernel on the tensors instead.
+  ``[0, size)`` (numpy would wrap a negative one) and lets the index be shorter than
+  ``x`` along the other axes;
+* ``model(m)``: the model or draft head a kernel calls: itself on torch; on numpy its
+  host mirror (``m.host``, the oracle family's), and ``NoHostModel`` where it has
+  none, so the runtime runs the kernel on the tensors instead.
 
 Integer arithmetic wraps in both (int64), ``%`` floors in both, and a fancy-indexed
 store's duplicates keep the last writer on the sim in both. Nothing here syncs.
