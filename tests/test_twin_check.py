@@ -69,7 +69,10 @@ def _accept_wrong_on_numpy(drafts, tgt, out_tok, out_acc, k, b):
 @pytest.fixture
 def twinned(monkeypatch):
     """``kernels.accept`` with a twin registered (``xp.twin``), as a kernel keeps one."""
-    monkeypatch.setattr(_accept, "host_run", _accept_twin)
+    monkeypatch.setattr(_accept, "host_run", _accept)     # restored after the test
+    monkeypatch.setattr(xp, "TWINNED", [])
+    assert xp.twin(_accept)(_accept_twin) is _accept_twin
+    assert _accept.host_run is _accept_twin and xp.TWINNED == [_accept]
     _accept_without_bonus.host_run = _accept_twin
 
 

@@ -105,13 +105,17 @@ def twin_failed(fn: Callable, args, kwargs, failed: Exception):
         return fn(*args, **kwargs)
     fn(*args, **kwargs)
     twin = getattr(fn, "host_run", None)
-    raise TwinMismatch(_name(fn), f"the {_host(fn, twin)} raised "
-                                  f"{type(failed).__name__}: {failed}; the kernel ran",
-                       twin is fn) from failed
+    raise _mismatch(fn, twin, f"{_host(fn, twin)} raised {type(failed).__name__}: "
+                              f"{failed}; the kernel ran") from failed
 
 
 def _host(fn, twin) -> str:
-    return "numpy run" if twin is fn else "twin"
+    """What the host run ``twin`` of kernel ``fn`` is called in a mismatch."""
+    return "the numpy run" if twin is fn else "the twin"
+
+
+def _mismatch(fn, twin, what: str) -> TwinMismatch:
+    return TwinMismatch(_name(fn), what, one_source=twin is fn)
 
 
 def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
@@ -136,12 +140,11 @@ def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
     except Exception as e:
         if twin_err is not None:
             raise        # both refuse these inputs: the kernel's error, where it happened
-        raise TwinMismatch(_name(fn), f"the kernel raised {type(e).__name__}: {e}; "
-                                      f"the {_host(fn, twin)} ran", twin is fn) from e
+        raise _mismatch(fn, twin, f"the kernel raised {type(e).__name__}: {e}; "
+                                  f"{_host(fn, twin)} ran") from e
     if twin_err is not None:
-        raise TwinMismatch(_name(fn), f"the {_host(fn, twin)} raised "
-                                      f"{type(twin_err).__name__}: {twin_err}; the kernel ran",
-                           twin is fn) from twin_err
+        raise _mismatch(fn, twin, f"{_host(fn, twin)} raised {type(twin_err).__name__}: "
+                                  f"{twin_err}; the kernel ran") from twin_err
     problems: List[str] = []
     names = _arg_names(fn, len(args))
     for (i, a), t in zip(tensors, after_twin):
@@ -153,7 +156,7 @@ def check_twin(fn: Callable, twin: Callable, args, views, kwargs):
     if d is not None:
         problems.append(f"return value: {d}")
     if problems:
-        raise TwinMismatch(_name(fn), "; ".join(problems[:3]), twin is fn)
+        raise _mismatch(fn, twin, "; ".join(problems[:3]))
     return out
 
 

@@ -35,7 +35,6 @@ class NoHostModel(NoTwin):
 
 
 class _Numpy:
-    name = "numpy"
     where = staticmethod(np.where)
     ones_like = staticmethod(np.ones_like)
     cumprod = staticmethod(np.cumprod)
@@ -92,7 +91,6 @@ class _Numpy:
 
 
 class _Torch:
-    name = "torch"
     where = staticmethod(torch.where)
     ones_like = staticmethod(torch.ones_like)
     cumprod = staticmethod(torch.cumprod)

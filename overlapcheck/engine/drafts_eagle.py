@@ -116,7 +116,7 @@ def eagle_extend_tagged_ahead(model, head, kv, ekv, table, meta, lens, out_tok, 
     offs = xp.arange(width, kv)
     pos = lens[:b, None] + offs
     keep = offs[None, :] < out_acc[:b, None]
-    slots = table[xp.expand(m[:, ROW, None], (b, width)), pos][keep]
+    slots = table[m[:, ROW, None], pos][keep]       # rows broadcast over positions
     ekv[slots, head.kv_tag_columns[1]] = pos[keep] + 1
 
 
